@@ -1,0 +1,1 @@
+"""Pure computation (no Dagster): decoding, calendars, bars, features, caches, training."""
