@@ -185,6 +185,11 @@ def next_quarter(first_day: dt.date) -> dt.date:
     return dt.date(first_day.year + (m - 1) // 12, (m - 1) % 12 + 1, 1)
 
 
+def previous_quarter(first_day: dt.date) -> dt.date:
+    m = first_day.month - 3
+    return dt.date(first_day.year - (1 if m < 1 else 0), (m - 1) % 12 + 1, 1)
+
+
 def quarter_range(spec: str) -> list[dt.date]:
     """Quarters of ``2024-Q1:2024-Q4`` (inclusive) or a single ``2024-Q1``."""
     lo_s, _, hi_s = spec.partition(":")

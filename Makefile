@@ -1,0 +1,53 @@
+# fx_assets — one entry point for set-up, demo, tests, UI and benchmarks.
+# `make demo` and `make test` do all the set-up on a fresh machine (a .venv inside the project).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Dagster reads ./dagster.yaml from DAGSTER_HOME: keep the instance inside the project so the
+# demo's runs show up in `make ui`.
+export DAGSTER_HOME := $(CURDIR)
+# Demo market: small enough to finish in a few minutes on 2 cores.
+DEMO_ENV := FX_DATA_ROOT=$(CURDIR)/data FX_SYMBOLS=ES.FUT FX_FIRST_QUARTER=2024-Q1 FX_LAST_QUARTER=2024-Q4
+
+.PHONY: install demo test test-all ui bench lint typecheck validate clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# Machines without CUDA get the CPU build of torch (it lies on disk here); with CUDA, pip's default.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	$(DEMO_ENV) $(VENV)/bin/fx-assets demo
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# Everything, slow tests included (GPU tests skip without CUDA).
+test-all: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not gpu and not browser"
+
+ui: install
+	$(DEMO_ENV) $(VENV)/bin/dagster dev -w workspace.yaml
+
+validate: install
+	$(DEMO_ENV) $(VENV)/bin/dagster definitions validate -w workspace.yaml
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf data .dagster_home benchmarks/data

@@ -1,0 +1,195 @@
+"""The ``fx-assets`` command: ``synth`` (write a synthetic market), ``inspect`` (look into a DBN
+file, a sidecar or an fxcache) and ``demo`` (synthesise a small market and materialize every
+asset into the project's Dagster instance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+DEMO_SCALE = 0.01
+DEMO_SIGNAL = 1.0
+DEMO_SEED = 7
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _progress_callback(progress: Progress) -> Callable[[str, int, int], None]:
+    tasks: dict[str, Any] = {}
+
+    def cb(label: str, done: int, total: int) -> None:
+        if label not in tasks:
+            tasks[label] = progress.add_task(label, total=max(total, 1))
+        progress.update(tasks[label], completed=done, total=max(total, 1))
+
+    return cb
+
+
+# --- synth ----------------------------------------------------------------------------------
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from fx_assets.core.calendar import quarter_range
+    from fx_assets.core.synth import SynthConfig, generate_market
+
+    symbols = tuple(s.strip() for s in args.symbols.split(",") if s.strip())
+    config = SynthConfig(
+        symbols=symbols,
+        quarters=tuple(quarter_range(args.quarters)),
+        scale=args.scale,
+        seed=args.seed,
+        signal=0.0 if args.null else args.signal,
+        book_ratio=args.book_ratio,
+    )
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        report = generate_market(Path(args.out), config, progress=_progress_callback(progress))
+    seconds = time.perf_counter() - t0
+    summary = report.to_dict()
+    summary["seconds"] = round(seconds, 2)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        console.print(f"wrote synthetic market to [bold]{args.out}[/] in {seconds:.1f}s")
+        for f in summary.get("files", []):
+            console.print(f"  {f}")
+    return 0
+
+
+# --- inspect --------------------------------------------------------------------------------
+
+
+def describe_path(path: Path) -> dict[str, Any]:
+    """Describe a DBN file, a predecoded sidecar or an fxcache, chosen by content."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    if head.startswith(b"FXCACHE\0"):
+        from fx_assets.core.fxcache import describe_fxcache
+
+        return {"kind": "fxcache", **describe_fxcache(path)}
+    if head.startswith(b"ARROW1"):
+        from fx_assets.core.sidecar import describe_sidecar
+
+        return {"kind": "sidecar", **describe_sidecar(path)}
+    if head.startswith(b"DBN") or head.startswith(b"\x28\xb5\x2f\xfd"):
+        from fx_assets.core.sidecar import describe_dbn
+
+        return {"kind": "dbn", **describe_dbn(path)}
+    raise ValueError(f"{path}: not a DBN file, an Arrow sidecar or an fxcache (magic {head!r})")
+
+
+def _print_description(desc: dict[str, Any]) -> None:
+    scalars = {k: v for k, v in desc.items() if not isinstance(v, list | dict)}
+    table = Table(title=f"{desc.get('kind', '?')}: {desc.get('path', '')}", show_header=False)
+    for k, v in scalars.items():
+        table.add_row(str(k), str(v))
+    Console().print(table)
+    for k, v in desc.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            t = Table(title=k)
+            cols = list(v[0].keys())
+            for c in cols:
+                t.add_column(c)
+            for row in v:
+                t.add_row(*[_fmt(row.get(c)) for c in cols])
+            Console().print(t)
+        elif isinstance(v, dict | list):
+            Console().print(f"[bold]{k}[/]: {json.dumps(v, default=str)[:2000]}")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    desc = describe_path(Path(args.path))
+    if args.json:
+        print(json.dumps(desc, indent=2, default=str))
+    else:
+        _print_description(desc)
+    return 0
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from fx_assets.demo import run_demo
+
+    return run_demo(scale=args.scale, seed=args.seed, signal=args.signal, console=console)
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fx-assets", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("synth", help="write a synthetic ES-like market as genuine DBN files")
+    p.add_argument("--out", required=True, help="data root to write raw/{trades,mbp-10}/... under")
+    p.add_argument("--symbols", default="ES.FUT", help="comma-separated parent symbols (default ES.FUT)")
+    p.add_argument("--quarters", default="2024-Q1:2024-Q4", help="quarter or range, e.g. 2024-Q1:2024-Q4")
+    p.add_argument("--scale", type=float, default=1.0, help="1.0 ≈ 20 M trades per quarter")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--book-ratio", type=float, default=0.1, help="book (MBP-10) records per trade")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--signal", type=float, default=0.0, help="planted order-flow signal strength")
+    g.add_argument("--null", action="store_true", help="plant no signal (the default)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("inspect", help="describe a DBN file, a sidecar (.arrow) or an fxcache")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("demo", help="synthesise a small market and materialize every asset")
+    p.add_argument("--scale", type=float, default=DEMO_SCALE)
+    p.add_argument("--seed", type=int, default=DEMO_SEED)
+    p.add_argument("--signal", type=float, default=DEMO_SIGNAL)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

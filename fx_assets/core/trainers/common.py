@@ -1,0 +1,435 @@
+"""Shared training machinery: the config model, the fold transition, evaluation and checkpoints.
+
+Owns the one place where a fold's model inputs and labels come into being (DESIGN §4, §6):
+
+- :func:`fold_transition` takes a resident :class:`~fx_assets.core.device_store.DeviceSlice` and a
+  fold's half-open index ranges and, with a handful of device ops, (1) slices the input columns
+  of ``[train_start, val_end)`` (price columns are never inputs: raw price levels leaked the future
+  regime into states once), (2) computes z-score statistics from the *training rows only*,
+  (3) derives the 1-bar forward return and the blended multi-horizon target from the float64
+  close column restricted to ``[train_start, val_end)`` — so no label can read a price beyond the
+  validation quarter — and (4) checks, with one host sync at the end, that the purge holds, that
+  every training label is defined and that no input is NaN/Inf.
+- :class:`TrainConfig` (frozen pydantic) is the full training configuration; it is written into
+  every checkpoint sidecar.
+- :func:`evaluate_positions` turns a validation position path into the trading metrics.
+- :func:`write_checkpoints` writes best/last safetensors and the JSON sidecar atomically.
+
+Label convention (reference/microstructure.md §6): with entry lag ``d`` (default 1, next-bar
+fills) ``y^(h)_j = ln(C_{j+d+h} / C_{j+d})``; a position decided at bar ``j`` earns
+``pos_j · y^(1)_j − cost · |pos_j − pos_{j−1}|``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from safetensors.torch import load_file, save_file
+
+from fx_assets.core import calendar
+from fx_assets.core.atomic import atomic_path, atomic_write_text
+from fx_assets.core.device_store import DeviceSlice
+from fx_assets.core.errors import FxDataError
+
+
+class TrainConfig(BaseModel):
+    """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trainer: Literal["mlp", "dqn"] = Field(description="Which trainer: supervised MLP or double DQN.")
+    seed: int = Field(0, description="Seed of weights init, batch order, exploration.")
+    epochs: int = Field(20, ge=1, description="Maximum epochs (early stopping may end sooner).")
+    batch_size: int = Field(1024, ge=1, description="Minibatch size (MLP rows / DQN replay samples).")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths of the MLP / Q trunk.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer (MLP only).")
+    weight_decay: float = Field(1e-5, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    patience: int = Field(5, ge=1, description="Epochs without validation improvement before stopping.")
+    max_steps_per_epoch: int | None = Field(
+        None, ge=1, description="Cap on optimiser steps per epoch (None: one pass over the training rows)."
+    )
+    horizons: tuple[int, ...] = Field((1, 5, 30), description="Label horizons in bars (blended target).")
+    entry_lag: int = Field(1, ge=0, description="Bars between decision and fill (d in y^(h)).")
+    target: Literal["blended", "h1"] = Field(
+        "blended", description="MLP training target: blended multi-horizon return or 1-bar return."
+    )
+    cost: float = Field(
+        5e-5, ge=0, description="Cost per unit of position change, log-return units (1 tick / price ≈ 5e-5)."
+    )
+    input_columns: tuple[str, ...] | None = Field(
+        None, description="Model input columns (None: every non-price column of the fxcache)."
+    )
+    std_floor: float = Field(1e-12, gt=0, description="A column with train std below this is centred only.")
+    clip_z: float = Field(10.0, gt=0, description="Normalised inputs are clipped to ±clip_z.")
+    eval_threshold: float = Field(
+        0.0, ge=0, lt=0.5, description="MLP trades only when |p − 0.5| > threshold (else flat)."
+    )
+    val_metric: Literal["auto", "auc", "sharpe", "total_return"] = Field(
+        "auto", description="Early-stopping metric (auto: AUC for MLP, Sharpe for DQN)."
+    )
+    deterministic: bool = Field(True, description="torch.use_deterministic_algorithms during training.")
+    # --- DQN
+    gamma: float = Field(0.9, ge=0, lt=1, description="DQN discount per bar.")
+    tau: float = Field(0.01, ge=0, le=1, description="Soft target update rate (0: periodic hard copy).")
+    target_period: int = Field(500, ge=1, description="Hard target copy period in updates when tau == 0.")
+    eps_start: float = Field(1.0, ge=0, le=1, description="Initial epsilon of epsilon-greedy.")
+    eps_end: float = Field(0.05, ge=0, le=1, description="Final epsilon.")
+    eps_decay_steps: int = Field(2000, ge=1, description="Updates over which epsilon decays linearly.")
+    replay_size: int = Field(100_000, ge=1, description="Replay buffer capacity (transitions, on device).")
+    n_envs: int = Field(256, ge=1, description="Parallel environments (start indices) stepped together.")
+    episode_len: int = Field(256, ge=1, description="Bars per episode before an env restarts flat.")
+    learn_starts: int = Field(1000, ge=0, description="Transitions collected before the first update.")
+    huber_delta: float = Field(1.0, gt=0, description="Huber loss delta (on reward-scaled TD error).")
+    reward_scale: float | None = Field(
+        None, description="Rewards are divided by this (None: std of training 1-bar returns)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if not self.horizons or any(h < 1 for h in self.horizons) or 1 not in self.horizons:
+            raise ValueError(f"horizons must be positive and include 1, got {self.horizons}")
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden widths must be positive, got {self.hidden}")
+        return self
+
+    @property
+    def purge_bars(self) -> int:
+        """Minimum gap between train_end and val_start: the longest label reach."""
+        return self.entry_lag + max(self.horizons)
+
+    def metric_name(self) -> str:
+        if self.val_metric != "auto":
+            return self.val_metric
+        return "auc" if self.trainer == "mlp" else "sharpe"
+
+
+class FoldRangeLike(Protocol):
+    """Half-open row ranges of a fold in a DeviceSlice (fx_assets.core.folds.FoldRange)."""
+
+    @property
+    def train_start(self) -> int: ...
+    @property
+    def train_end(self) -> int: ...
+    @property
+    def val_start(self) -> int: ...
+    @property
+    def val_end(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class FoldData:
+    """One fold's model inputs and labels, on the device.
+
+    Training rows are ``[train_start, train_end)`` of the slice, validation rows
+    ``[val_start, val_end)``; both in bar order (the DQN environment steps through them).
+    ``y_*`` is the training target (blended or 1-bar), ``r1_*`` the 1-bar forward return
+    (float64; NaN where its prices lie past ``val_end``).
+    """
+
+    keys: tuple[str, ...]
+    bounds: tuple[int, int, int, int]  # train_start, train_end, val_start, val_end
+    columns: tuple[str, ...]
+    mean: torch.Tensor  # [f] float64, training rows only
+    std: torch.Tensor  # [f] float64 (floored to 1 where below std_floor)
+    x_train: torch.Tensor  # [n_tr, f] float32
+    y_train: torch.Tensor  # [n_tr] float64
+    r1_train: torch.Tensor  # [n_tr] float64
+    x_val: torch.Tensor  # [n_val, f] float32
+    y_val: torch.Tensor  # [n_val] float64
+    r1_val: torch.Tensor  # [n_val] float64
+    val_ts: npt.NDArray[np.int64]
+    val_sessions: npt.NDArray[np.int32]
+    horizons: tuple[int, ...]
+    entry_lag: int
+    target: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.x_train.device
+
+    @property
+    def n_features(self) -> int:
+        return int(self.x_train.shape[1])
+
+    def norm_stats(self) -> dict[str, Any]:
+        """JSON-ready per-fold normalisation statistics (float64 values round-trip exactly)."""
+        return {
+            "columns": list(self.columns),
+            "mean": [float(v) for v in self.mean.cpu().tolist()],
+            "std": [float(v) for v in self.std.cpu().tolist()],
+            "n_train_rows": int(self.x_train.shape[0]),
+            "train_rows": [self.bounds[0], self.bounds[1]],
+        }
+
+
+# ---------------------------------------------------------------------------- labels
+def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1-bar forward return, blended target) on the device via core.labels (torch path)."""
+    from fx_assets.core import labels
+
+    r1 = labels.forward_log_return(close, 1, lag=lag)
+    blended = labels.blended_target(close, tuple(horizons), lag=lag)
+    return r1, blended
+
+
+# ---------------------------------------------------------------------------- fold transition
+def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tuple[str, ...], list[int]]:
+    """Model input columns: ``cfg.input_columns`` or every non-price column; never a price column."""
+    if cfg.input_columns is None:
+        names = tuple(c for c in store_slice.columns if c not in store_slice.price_columns)
+    else:
+        names = tuple(cfg.input_columns)
+        leaked = [c for c in names if c in store_slice.price_columns]
+        if leaked:
+            raise FxDataError(f"input columns {leaked} are raw price columns of {store_slice.keys}")
+    if not names:
+        raise FxDataError(f"no input columns in {store_slice.keys}")
+    return names, [store_slice.column_index(c) for c in names]
+
+
+def fold_transition(
+    store_slice: DeviceSlice,
+    fold_range: FoldRangeLike,
+    cfg: TrainConfig,
+    sessions: npt.NDArray[np.int32] | None = None,
+) -> FoldData:
+    """Build one fold's inputs and labels on the device (see module docstring).
+
+    ``sessions`` (int32 session day per slice row) defaults to ``calendar.session_day(ts)``.
+    """
+    ts0, te, vs, ve = (
+        int(fold_range.train_start),
+        int(fold_range.train_end),
+        int(fold_range.val_start),
+        int(fold_range.val_end),
+    )
+    n = store_slice.n_rows
+    where = f"fold {store_slice.keys} [{ts0}:{te}) / [{vs}:{ve})"
+    if not (0 <= ts0 < te <= vs < ve <= n):
+        raise FxDataError(f"{where}: ranges out of order or outside the {n}-row slice")
+    # The purge must already be in the FoldRange: the last training label ends before val_start.
+    if vs - te < cfg.purge_bars:
+        raise FxDataError(
+            f"{where}: gap {vs - te} bars < label reach {cfg.purge_bars} (entry lag + max horizon): "
+            "training labels would read validation prices"
+        )
+    names, idx = input_column_indices(store_slice, cfg)
+    dev = store_slice.device
+    col_idx = torch.tensor(idx, dtype=torch.long, device=dev)
+    n_tr = te - ts0
+    v0 = vs - ts0
+
+    block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
+    train = block[:n_tr]
+    var, mean = torch.var_mean(train.to(torch.float64), dim=0, correction=0)
+    std = var.sqrt()
+    std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
+    x = ((block - mean.to(torch.float32)) / std.to(torch.float32)).clamp_(-cfg.clip_z, cfg.clip_z)
+
+    close = store_slice.close[ts0:ve]  # labels never read a price past val_end
+    r1, blended = _labels(close, cfg.horizons, cfg.entry_lag)
+    target = blended if cfg.target == "blended" else r1
+
+    # One host sync for all checks: non-finite inputs, undefined training labels.
+    finite_rows = torch.isfinite(block).all(dim=1)
+    checks = torch.stack(
+        [
+            (~finite_rows[:n_tr]).sum(),
+            (~finite_rows[v0:]).sum(),
+            (~torch.isfinite(target[:n_tr])).sum(),
+            (~torch.isfinite(r1[:n_tr])).sum(),
+        ]
+    ).tolist()
+    if checks[0] or checks[1]:
+        bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
+        bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
+        r, c = int(bad[0, 0]), int(bad[0, 1])
+        raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
+    if checks[2] or checks[3]:
+        raise FxDataError(f"{where}: {max(checks[2], checks[3])} training labels undefined (purge/prices)")
+
+    sess_all = sessions if sessions is not None else None
+    val_ts = store_slice.ts[vs:ve]
+    if sess_all is None:
+        val_sessions = calendar.session_day(val_ts).astype(np.int32)
+    else:
+        if sess_all.shape[0] != n:
+            raise FxDataError(f"{where}: {sess_all.shape[0]} session ids for {n} slice rows")
+        val_sessions = np.asarray(sess_all[vs:ve], dtype=np.int32)
+
+    return FoldData(
+        keys=store_slice.keys,
+        bounds=(ts0, te, vs, ve),
+        columns=names,
+        mean=mean,
+        std=std,
+        x_train=x[:n_tr],
+        y_train=target[:n_tr],
+        r1_train=r1[:n_tr],
+        x_val=x[v0:],
+        y_val=target[v0:],
+        r1_val=r1[v0:],
+        val_ts=val_ts,
+        val_sessions=val_sessions,
+        horizons=tuple(cfg.horizons),
+        entry_lag=cfg.entry_lag,
+        target=cfg.target,
+    )
+
+
+# ---------------------------------------------------------------------------- determinism
+@contextlib.contextmanager
+def seeded(seed: int, deterministic: bool = True) -> Iterator[None]:
+    """Seed torch and (optionally) switch on deterministic algorithms, restoring the flags after."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_bench = torch.backends.cudnn.benchmark
+    # cuBLAS needs this before its first call to be deterministic; harmless on the CPU.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+        torch.backends.cudnn.benchmark = prev_bench
+
+
+def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+# ---------------------------------------------------------------------------- evaluation
+def strategy_returns(
+    pos: npt.NDArray[np.int8], r1: npt.NDArray[np.float64], cost: float
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
+    """Per-bar net log returns of a position path (positions forced flat where r1 is undefined)."""
+    p = np.where(np.isfinite(r1), pos, 0).astype(np.int8)
+    dpos = np.abs(np.diff(p.astype(np.float64), prepend=0.0))
+    ret = np.where(np.isfinite(r1), p * np.nan_to_num(r1), 0.0) - cost * dpos
+    return p, ret
+
+
+def evaluate_positions(
+    pos: npt.NDArray[np.int8],
+    r1: npt.NDArray[np.float64],
+    sessions: npt.NDArray[np.int32],
+    cost: float,
+) -> tuple[dict[str, float], npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Trading metrics of validation positions: (metrics, positions, net returns, equity curve).
+
+    The equity curve is ``exp(cumsum(net returns))`` per validation bar (starting capital 1).
+    """
+    from fx_assets.core import metrics as M
+
+    p, ret = strategy_returns(pos, r1, cost)
+    y = np.where(np.isfinite(r1), r1, 0.0)
+    out = {
+        "sharpe": float(M.sharpe_daily(ret, sessions)),
+        "max_drawdown": float(M.max_drawdown(ret)),
+        "hit_rate": float(M.hit_rate(p, y)),
+        "turnover": float(M.turnover(p)),
+        "total_return": float(ret.sum()),
+        "mean_bar_return": float(ret.mean()),
+        "t_stat": float(ret.mean() / (ret.std(ddof=1) / math.sqrt(ret.size))) if ret.std() > 0 else 0.0,
+        "exposure": float(np.mean(p != 0)),
+        "n_val_bars": float(ret.size),
+    }
+    return out, p, ret, np.exp(np.cumsum(ret))
+
+
+# ---------------------------------------------------------------------------- results, checkpoints
+@dataclass
+class TrainResult:
+    """What a trainer hands back: validation metrics of the best epoch and where it wrote them."""
+
+    metrics: dict[str, float]
+    equity: npt.NDArray[np.float64]
+    val_positions: npt.NDArray[np.int8]
+    val_returns: npt.NDArray[np.float64]
+    best_path: Path
+    last_path: Path
+    sidecar_path: Path
+    best_epoch: int
+    history: list[dict[str, float]]
+
+
+def state_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached, contiguous CPU copy of a model's state (safe to keep as 'best')."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+
+
+def write_checkpoints(
+    out_dir: Path | str,
+    best_state: dict[str, torch.Tensor],
+    last_state: dict[str, torch.Tensor],
+    sidecar: dict[str, Any],
+) -> tuple[Path, Path, Path]:
+    """Atomically write ``best.safetensors``, ``last.safetensors`` and ``checkpoint.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    best, last, side = out / "best.safetensors", out / "last.safetensors", out / "checkpoint.json"
+    for path, state in ((best, best_state), (last, last_state)):
+        with atomic_path(path) as tmp:
+            save_file(state, str(tmp), metadata={"format": "fx_assets.trainer.v1"})
+    atomic_write_text(side, json.dumps(sidecar, indent=2, sort_keys=True, allow_nan=True))
+    return best, last, side
+
+
+def load_state(path: Path | str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Read a safetensors checkpoint (for ``model.load_state_dict``)."""
+    return load_file(str(path), device=str(device))
+
+
+def sidecar_base(
+    fold: FoldData, cfg: TrainConfig, input_keys: Sequence[str], arch: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "format": "fx_assets.trainer.v1",
+        "config": cfg.model_dump(mode="json"),
+        "input_keys": list(input_keys),
+        "fold": {
+            "keys": list(fold.keys),
+            "train": [fold.bounds[0], fold.bounds[1]],
+            "val": [fold.bounds[2], fold.bounds[3]],
+        },
+        "norm": fold.norm_stats(),
+        "architecture": arch,
+    }
+
+
+def mlp_layers(in_dim: int, hidden: Sequence[int], out_dim: int, dropout: float = 0.0) -> torch.nn.Sequential:
+    """Plain ReLU MLP."""
+    layers: list[torch.nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        layers += [torch.nn.Linear(d, h), torch.nn.ReLU()]
+        if dropout > 0:
+            layers.append(torch.nn.Dropout(dropout))
+        d = h
+    layers.append(torch.nn.Linear(d, out_dim))
+    return torch.nn.Sequential(*layers)
+
+
+def is_better(metric: str, value: float, best: float) -> bool:
+    """Higher is better for every early-stopping metric; NaN never improves."""
+    del metric
+    return not math.isnan(value) and (math.isnan(best) or value > best)

@@ -1,0 +1,54 @@
+"""The fx_assets code location: the whole asset graph, its resources, jobs and sensors.
+
+::
+
+    raw_trades ─┐  raw_mbp10 ─┐                      observable sources (.dbn.zst files)
+                ▼             ▼
+    predecoded_trades    predecoded_mbp10            decode once -> Arrow IPC sidecar
+                │
+                ▼
+           roll_calendar                             active contract per session
+
+Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
+file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dagster as dg
+
+from fx_assets.assets.ingest import make_ingest_assets
+from fx_assets.assets.raw import make_raw_assets
+from fx_assets.partitions import quarter_symbol_partitions
+from fx_assets.resources.storage import FxStorage
+from fx_assets.settings import ProjectSettings, load_settings
+
+# Partition mappings, backfill policies and observable sources are beta in Dagster 1.13; the
+# project pins its Dagster version, so the warnings only add noise to every CLI call.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+
+
+def build_definitions(settings: ProjectSettings) -> dg.Definitions:
+    partitions = quarter_symbol_partitions(settings)
+    raw_trades, raw_mbp10 = make_raw_assets(partitions)
+    predecoded_trades, predecoded_mbp10, roll_calendar = make_ingest_assets(partitions, raw_trades, raw_mbp10)
+
+    observe_raw = dg.define_asset_job(
+        "observe_raw", selection=dg.AssetSelection.assets(raw_trades, raw_mbp10), partitions_def=partitions
+    )
+    ingest = dg.define_asset_job(
+        "ingest",
+        selection=dg.AssetSelection.assets(predecoded_trades, predecoded_mbp10, roll_calendar),
+        partitions_def=partitions,
+    )
+    return dg.Definitions(
+        assets=[raw_trades, raw_mbp10, predecoded_trades, predecoded_mbp10, roll_calendar],
+        jobs=[observe_raw, ingest],
+        resources={"storage": FxStorage(root=str(settings.data_root))},
+    )
+
+
+defs = build_definitions(load_settings())

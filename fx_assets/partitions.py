@@ -1,0 +1,88 @@
+"""Partitions: quarter (time window) × symbol (static), and the mappings between them.
+
+Quarter keys are Dagster time-window keys (``2024-01`` = the quarter starting 2024-01-01),
+because only a time-window dimension gives a "previous quarter" mapping; people see them as
+``2024-Q1`` through :func:`quarter_label` (descriptions and metadata).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import dagster as dg
+
+from fx_assets.core.calendar import next_quarter, parse_quarter, quarter_label
+from fx_assets.settings import ProjectSettings
+
+QUARTER_DIM = "quarter"
+SYMBOL_DIM = "symbol"
+QUARTER_CRON = "0 0 1 1,4,7,10 *"
+QUARTER_FMT = "%Y-%m"
+
+
+def quarter_partitions(settings: ProjectSettings) -> dg.TimeWindowPartitionsDefinition:
+    start = dt.datetime.combine(settings.first_quarter, dt.time())
+    end = (
+        dt.datetime.combine(next_quarter(settings.last_quarter), dt.time()) if settings.last_quarter else None
+    )
+    return dg.TimeWindowPartitionsDefinition(
+        start=start, end=end, cron_schedule=QUARTER_CRON, fmt=QUARTER_FMT, timezone="UTC"
+    )
+
+
+def quarter_symbol_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDefinition:
+    return dg.MultiPartitionsDefinition(
+        {
+            QUARTER_DIM: quarter_partitions(settings),
+            SYMBOL_DIM: dg.StaticPartitionsDefinition(list(settings.symbols)),
+        }
+    )
+
+
+def previous_quarter_mapping() -> dg.MultiPartitionMapping:
+    """Same symbol; the current and the previous quarter (absent at the first quarter)."""
+    return dg.MultiPartitionMapping(
+        {
+            QUARTER_DIM: dg.DimensionPartitionMapping(
+                QUARTER_DIM,
+                dg.TimeWindowPartitionMapping(start_offset=-1, allow_nonexistent_upstream_partitions=True),
+            ),
+            SYMBOL_DIM: dg.DimensionPartitionMapping(SYMBOL_DIM, dg.IdentityPartitionMapping()),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class QuarterSymbol:
+    """A partition as the core layer sees it."""
+
+    quarter: dt.date
+    symbol: str
+
+    @property
+    def label(self) -> str:
+        return f"{quarter_label(self.quarter)}|{self.symbol}"
+
+    @property
+    def quarter_label(self) -> str:
+        return quarter_label(self.quarter)
+
+
+def parse_partition_key(key: str | dg.MultiPartitionKey) -> QuarterSymbol:
+    """``2024-01|ES.FUT`` (or a MultiPartitionKey) -> QuarterSymbol."""
+    if isinstance(key, dg.MultiPartitionKey):
+        dims = key.keys_by_dimension
+        return QuarterSymbol(parse_quarter(dims[QUARTER_DIM]), dims[SYMBOL_DIM])
+    quarter, _, symbol = str(key).partition("|")
+    if not symbol:
+        raise ValueError(f"partition key {key!r} is not QUARTER|SYMBOL")
+    return QuarterSymbol(parse_quarter(quarter), symbol)
+
+
+def partition_key(quarter: dt.date, symbol: str) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({QUARTER_DIM: quarter.strftime(QUARTER_FMT), SYMBOL_DIM: symbol})
+
+
+def context_partition(context: dg.AssetExecutionContext) -> QuarterSymbol:
+    return parse_partition_key(context.partition_key)
