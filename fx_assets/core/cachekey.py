@@ -239,6 +239,9 @@ def _candidates(value: Any, annotation: Any, metadata: Sequence[Any]) -> Iterato
         yield from _candidates(value, base, [*metadata, *extra])
         return
     b = _bounds(metadata)
+    if value is None:  # an Optional field left at None: any value of the inner type differs
+        yield from _fresh_values(ann, b)
+        return
     if origin is Literal:
         yield from (c for c in get_args(ann) if c != value or type(c) is not type(value))
     elif isinstance(ann, type) and issubclass(ann, enum.Enum):
@@ -285,8 +288,37 @@ def _candidates(value: Any, annotation: Any, metadata: Sequence[Any]) -> Iterato
             for i, elem in enumerate(args):
                 for c in _candidates(items[i], elem, ()):
                     yield (*items[:i], c, *items[i + 1 :])
+    elif origin is list or ann is list:
+        # Dagster config has no tuples, so stage configs use lists: mutate like a variable tuple.
+        args = get_args(ann)
+        items = list(value)
+        if items:
+            for c in _candidates(items[0], args[0] if args else type(items[0]), ()):
+                yield [c, *items[1:]]
+            yield items[:-1]
+            yield [*items, items[-1]]
     else:
         raise TypeError(f"mutate_field_value: unsupported field type {ann!r}")
+
+
+def _fresh_values(ann: Any, b: tuple[float, float, bool, bool]) -> Iterator[Any]:
+    if get_origin(ann) is Literal:
+        yield from get_args(ann)
+    elif isinstance(ann, type) and issubclass(ann, enum.Enum):
+        yield from ann
+    elif ann is bool:
+        yield True
+    elif ann in (int, float):
+        lo, hi, _, _ = b
+        for c in (1, 0, 2, lo + 1, hi - 1):
+            if math.isfinite(c) and _in_bounds(c, b):
+                yield ann(c)
+    elif ann is str:
+        yield "x"
+    elif isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
+        yield ann()
+    else:
+        raise TypeError(f"mutate_field_value: cannot make a value for None of type {ann!r}")
 
 
 def mutate_field_value(value: Any, field_info: FieldInfo) -> Iterator[Any]:

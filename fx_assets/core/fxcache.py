@@ -106,9 +106,11 @@ def _decode(block: npt.NDArray[Any], dtype: str) -> F64:
 
 
 def _encode(block: F64, dtype: str) -> npt.NDArray[Any]:
-    if dtype == "bf16":
-        return f32_to_bf16_bits(block)
-    return np.asarray(block, dtype=STORAGE[dtype])
+    # Overflow to inf is expected here and caught by the finite check that follows.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype == "bf16":
+            return f32_to_bf16_bits(block)
+        return np.asarray(block, dtype=STORAGE[dtype])
 
 
 # --- header / schema ------------------------------------------------------------------------
@@ -359,9 +361,7 @@ def _check_finite_block(
     if finite.all():
         return
     r, c = np.argwhere(~finite)[0]
-    raise err(
-        f"{path}: non-finite value {block[r, c]!r} in column {specs[c].name!r} at bar {row0 + int(r)}"
-    )
+    raise err(f"{path}: non-finite value {block[r, c]!r} in column {specs[c].name!r} at bar {row0 + int(r)}")
 
 
 # --- reader ---------------------------------------------------------------------------------
@@ -387,7 +387,9 @@ class FxCache:
         self.ts: I64 = raw[h.ts_offset : h.ts_offset + 8 * h.n_bars].view("<i8")
         nbytes = h.n_bars * h.row_width * h.itemsize
         self.values: npt.NDArray[Any] = (
-            raw[h.values_offset : h.values_offset + nbytes].view(STORAGE[h.dtype]).reshape(h.n_bars, h.row_width)
+            raw[h.values_offset : h.values_offset + nbytes]
+            .view(STORAGE[h.dtype])
+            .reshape(h.n_bars, h.row_width)
         )
         self._index = {c.name: c for c in columns}
 
@@ -529,7 +531,9 @@ def _parse_header(raw: bytes, path: Path) -> FxCacheHeader:
     if flags & ~KNOWN_FLAGS:
         raise FxCacheError(f"{path}: unknown flag bits {flags & ~KNOWN_FLAGS:#x}")
     if header_size != HEADER_SIZE or any(raw[_HEADER_USED:HEADER_SIZE]):
-        raise FxCacheError(f"{path}: header size {header_size} / reserved bytes not as format {version} defines")
+        raise FxCacheError(
+            f"{path}: header size {header_size} / reserved bytes not as format {version} defines"
+        )
     n_cols = n_feature + n_price + n_ofi
     if row_width != padded_width(n_cols):
         raise FxCacheError(
@@ -558,11 +562,18 @@ def _parse_trailer(raw: bytes, h: FxCacheHeader, path: Path) -> tuple[tuple[FxCo
     try:
         doc = json.loads(raw.decode("utf-8"))
         cols = tuple(
-            FxColumn(name=str(c["name"]), group=str(c["group"]), index=int(c["index"])) for c in doc["columns"]
+            FxColumn(name=str(c["name"]), group=str(c["group"]), index=int(c["index"]))
+            for c in doc["columns"]
         )
         meta = dict(doc.get("meta", {}))
+        echoed = (int(doc["format_version"]), str(doc["dtype"]), int(doc["row_width"]))
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise FxCacheError(f"{path}: unreadable JSON trailer ({exc})") from exc
+    if echoed != (h.format_version, h.dtype, h.row_width):
+        raise FxCacheError(
+            f"{path}: trailer says format/dtype/row width {echoed}, the header "
+            f"{(h.format_version, h.dtype, h.row_width)}"
+        )
     expected_groups = ["feature"] * h.n_feature + ["price"] * h.n_price + ["ofi"] * h.n_ofi
     if [c.group for c in cols] != expected_groups or [c.index for c in cols] != list(range(len(cols))):
         raise FxCacheError(
@@ -579,7 +590,9 @@ def _parse_trailer(raw: bytes, h: FxCacheHeader, path: Path) -> tuple[tuple[FxCo
     return cols, meta
 
 
-def open_fxcache(path: Path | str, verify_finite: bool = True, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> FxCache:
+def open_fxcache(
+    path: Path | str, verify_finite: bool = True, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> FxCache:
     """Memory-map and validate an fxcache file; raise ``FxCacheError`` naming it on any fault."""
     path = Path(path)
     try:

@@ -1,0 +1,996 @@
+"""Bar-level feature registry: returns, volatility, Wilder/TA indicators, CUSUM, trend t-value,
+volume, duration and clock features, computed strictly causally from a ``BarTable``.
+
+Owns the ``bar_features`` table contract (docs/ARCHITECTURE.md, "Feature tables"): one row per
+bar, ``ts_close`` plus one float64 column per registry entry. Every entry of the registry
+(``FEATURES`` for the default config, ``build_registry(config)`` for another one) has a name
+that says indicator and window, a formula, a ``window`` (trailing bars needed to reproduce the
+value: for recursive indicators the length after which a different start changes it by less
+than ``memory_tol`` relative), a ``warmup`` (leading bars of a fresh series that are NaN),
+documented bounds and a kernel. Kernels are numba (``_nb``) over plain arrays.
+
+Conventions (reference/microstructure.md §5):
+
+* **Causality.** The value at bar j uses bars <= j only (every kernel is a forward recursion or
+  a trailing window).
+* **Rolls.** Bar j is a *roll bar* when its ``instrument_id`` differs from bar j-1's (bar 0 of
+  a series counts as one, without a previous bar). The return of a roll bar is the
+  within-contract ``ln(C_j/O_j)``: there is never a jump across contracts. Price-level
+  indicators run on the ratio back-adjusted series as of bar j: at a roll bar their state is
+  multiplied by ``R_j = O_j / C_{j-1}`` (all of them are homogeneous in the price scale), so
+  the previous close seen by the roll bar is its own open.
+* **Sessions.** CUSUM state, ``cusum_bars_since`` and ``bars_since_session_open`` restart at a
+  session's first bar; everything else runs across session breaks (prices are continuous within
+  a contract across the daily halt).
+* **Warm-up / partitions.** ``compute_bar_features(bars, config, warmup)`` runs over
+  ``warmup + bars`` and keeps the rows of ``bars``. With ``warmup`` = the previous quarter's
+  last ``max_window()`` bars (a quarter starts at a session start) an interior quarter equals
+  one pass over all quarters to ~``memory_tol`` and has no NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from numba import njit
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fx_assets.core import calendar
+from fx_assets.core.bars import BarTable
+from fx_assets.core.errors import FxDataError
+
+F64 = npt.NDArray[np.float64]
+
+
+class BarFeatureConfig(BaseModel):
+    """Parameters of the bar features. Windows are in bars; names follow the windows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    log_return_clamp: float = Field(
+        0.1,
+        gt=0,
+        description="|log return| clamp (natural-log units); part of the log_return definition: "
+        "real 1-bar moves are far below 0.1, corrupt prints far above. Clamped bars are flagged "
+        "by log_return_clamped.",
+    )
+    rv_windows: tuple[int, ...] = Field(
+        (20, 50), description="Windows (bars) of realised volatility sqrt(sum r^2) features."
+    )
+    ewma_vol_span: int = Field(
+        100, ge=2, description="Span (bars) of the EWMA volatility; alpha = 2/(span+1)."
+    )
+    wilder_period: int = Field(
+        14, ge=2, description="n (bars) of ATR, NATR, +DI, -DI, ADX and RSI (Wilder smoothing)."
+    )
+    macd_fast: int = Field(12, ge=2, description="Fast EMA span (bars) of MACD.")
+    macd_slow: int = Field(26, ge=3, description="Slow EMA span (bars) of MACD.")
+    macd_signal: int = Field(9, ge=2, description="Signal EMA span (bars) of MACD.")
+    bb_window: int = Field(20, ge=2, description="Bollinger window (bars), population sigma.")
+    bb_k: float = Field(2.0, gt=0, description="Bollinger band width in sigmas.")
+    z_window: int = Field(50, ge=2, description="Window (bars) of the volume and duration z-scores.")
+    cusum_k: float = Field(
+        1.5,
+        gt=0,
+        description="CUSUM threshold h_j = k * sigma_{j-1} (sigma = EWMA vol of log returns; "
+        "dimensionless k, AFML uses 1..2).",
+    )
+    trend_min_len: int = Field(5, ge=3, description="Shortest trailing OLS window L (bars).")
+    trend_max_len: int = Field(20, ge=3, description="Longest trailing OLS window L (bars).")
+    trend_t_clip: float = Field(
+        50.0,
+        gt=0,
+        description="|t| clip of the trend t-value: near-perfect fits give huge t that carry no "
+        "more information than p < 1e-30.",
+    )
+    memory_tol: float = Field(
+        1e-12,
+        gt=0,
+        lt=1e-3,
+        description="Relative weight below which a recursive indicator forgets its start; sets "
+        "the window (warm-up bars needed for partition equivalence) of recursive features.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> BarFeatureConfig:
+        if self.macd_fast >= self.macd_slow:
+            raise ValueError("macd_fast must be < macd_slow")
+        if self.trend_min_len > self.trend_max_len:
+            raise ValueError("trend_min_len must be <= trend_max_len")
+        if (
+            not self.rv_windows
+            or min(self.rv_windows) < 2
+            or len(set(self.rv_windows)) != len(self.rv_windows)
+        ):
+            raise ValueError("rv_windows must be distinct windows >= 2")
+        return self
+
+
+# --- kernels --------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _returns_nb(o, c, inst, clamp):
+    """Roll-safe clamped log returns, clamp flag, roll flag and roll ratio R_j = O_j/C_{j-1}."""
+    n = c.shape[0]
+    r = np.empty(n, np.float64)
+    flag = np.zeros(n, np.float64)
+    roll = np.zeros(n, np.bool_)
+    ratio = np.ones(n, np.float64)
+    for j in range(n):
+        if j == 0 or inst[j] != inst[j - 1]:
+            roll[j] = True
+            if j > 0:
+                ratio[j] = o[j] / c[j - 1]
+            x = math.log(c[j] / o[j])
+        else:
+            x = math.log(c[j] / c[j - 1])
+        if x > clamp:
+            x = clamp
+            flag[j] = 1.0
+        elif x < -clamp:
+            x = -clamp
+            flag[j] = 1.0
+        r[j] = x
+    return r, flag, roll, ratio
+
+
+@njit(cache=True)
+def _rv_nb(r, w):
+    """sqrt(sum of r^2 over bars j-w+1..j), not demeaned; summed per window (exact locality)."""
+    n = r.shape[0]
+    out = np.full(n, np.nan)
+    for j in range(w - 1, n):
+        s = 0.0
+        for m in range(j - w + 1, j + 1):
+            s += r[m] * r[m]
+        out[j] = math.sqrt(s)
+    return out
+
+
+@njit(cache=True)
+def _ewma_vol_nb(r, alpha):
+    """sqrt of the recursive (adjust=False) EWMA of r^2, seeded with r_0^2 (zero-mean vol)."""
+    n = r.shape[0]
+    out = np.empty(n, np.float64)
+    m = 0.0
+    for j in range(n):
+        x = r[j] * r[j]
+        if j == 0:
+            m = x
+        else:
+            m += alpha * (x - m)
+        out[j] = math.sqrt(m)
+    return out
+
+
+@njit(cache=True)
+def _atr_nb(o, h, lo, c, roll, ratio, n):
+    """Wilder ATR with TA-Lib seeding: mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n."""
+    nb = c.shape[0]
+    out = np.full(nb, np.nan)
+    s = 0.0
+    cnt = 0
+    for j in range(1, nb):
+        if roll[j]:
+            s *= ratio[j]
+            pc = o[j]
+        else:
+            pc = c[j - 1]
+        tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
+        if cnt < n:
+            s += tr
+            cnt += 1
+            if cnt == n:
+                s = s / n
+                out[j] = s
+        else:
+            s = (s * (n - 1) + tr) / n
+            out[j] = s
+    return out
+
+
+@njit(cache=True)
+def _dmi_nb(o, h, lo, c, roll, ratio, n):
+    """+DI, -DI and ADX, replicating TA-Lib: Wilder *sums* seeded with n-1 raw DM/TR, first DI
+    at bar n, ADX = mean of the first n DX at bar 2n-1, then (ADX*(n-1)+DX)/n. When the
+    smoothed TR or the DI sum is 0 the previous DI / ADX is carried (DI starts at 0)."""
+    nb = c.shape[0]
+    pdi = np.full(nb, np.nan)
+    mdi = np.full(nb, np.nan)
+    adx = np.full(nb, np.nan)
+    sp = 0.0
+    sm = 0.0
+    st = 0.0
+    k = 0
+    p_v = 0.0
+    m_v = 0.0
+    adx_s = 0.0
+    for j in range(1, nb):
+        if roll[j]:
+            rr = ratio[j]
+            sp *= rr
+            sm *= rr
+            st *= rr
+            ph = h[j - 1] * rr
+            pl = lo[j - 1] * rr
+            pc = o[j]
+        else:
+            ph = h[j - 1]
+            pl = lo[j - 1]
+            pc = c[j - 1]
+        up = h[j] - ph
+        dn = pl - lo[j]
+        pdm = up if (up > dn and up > 0.0) else 0.0
+        mdm = dn if (dn > up and dn > 0.0) else 0.0
+        tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
+        k += 1
+        if k < n:
+            sp += pdm
+            sm += mdm
+            st += tr
+            continue
+        sp = sp - sp / n + pdm
+        sm = sm - sm / n + mdm
+        st = st - st / n + tr
+        valid = False
+        dx = 0.0
+        if st != 0.0:
+            p_v = 100.0 * sp / st
+            m_v = 100.0 * sm / st
+            tot = p_v + m_v
+            if tot != 0.0:
+                dx = 100.0 * abs(p_v - m_v) / tot
+                valid = True
+        pdi[j] = p_v
+        mdi[j] = m_v
+        if k < 2 * n:
+            if valid:
+                adx_s += dx
+            if k == 2 * n - 1:
+                adx_s = adx_s / n
+                adx[j] = adx_s
+        else:
+            if valid:
+                adx_s = (adx_s * (n - 1) + dx) / n
+            adx[j] = adx_s
+    return pdi, mdi, adx
+
+
+@njit(cache=True)
+def _rsi_nb(o, c, roll, ratio, n):
+    """Wilder RSI, TA-Lib seeding (mean gain/loss of the first n changes, first value at bar
+    n). A flat window (mean gain + mean loss == 0) gives 50 (TA-Lib gives 0)."""
+    nb = c.shape[0]
+    out = np.full(nb, np.nan)
+    g = 0.0
+    lo = 0.0
+    k = 0
+    for j in range(1, nb):
+        if roll[j]:
+            g *= ratio[j]
+            lo *= ratio[j]
+            d = c[j] - o[j]
+        else:
+            d = c[j] - c[j - 1]
+        gain = d if d > 0.0 else 0.0
+        loss = -d if d < 0.0 else 0.0
+        k += 1
+        if k <= n:
+            g += gain
+            lo += loss
+            if k < n:
+                continue
+            g /= n
+            lo /= n
+        else:
+            g = (g * (n - 1) + gain) / n
+            lo = (lo * (n - 1) + loss) / n
+        tot = g + lo
+        out[j] = 100.0 * g / tot if tot > 0.0 else 50.0
+    return out
+
+
+@njit(cache=True)
+def _adjusted_mean_nb(x, ratio, j, length):
+    """Mean of x[j-length+1..j], each rescaled into bar j's contract units."""
+    s = 0.0
+    f = 1.0
+    for m in range(j, j - length, -1):
+        s += x[m] * f
+        f *= ratio[m]
+    return s / length
+
+
+@njit(cache=True)
+def _macd_nb(c, ratio, fast, slow, sig):
+    """MACD line, signal and histogram (price units), replicating TA-Lib's TA_MACD seeding: both
+    EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal EMA
+    at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
+    k = 2/(span+1)."""
+    nb = c.shape[0]
+    line = np.full(nb, np.nan)
+    sgl = np.full(nb, np.nan)
+    kf = 2.0 / (fast + 1.0)
+    ks = 2.0 / (slow + 1.0)
+    kg = 2.0 / (sig + 1.0)
+    ef = 0.0
+    es = 0.0
+    eg = 0.0
+    first_sig = slow + sig - 2
+    for j in range(nb):
+        rr = ratio[j]
+        ef *= rr
+        es *= rr
+        eg *= rr
+        if j < slow - 1:
+            continue
+        if j == slow - 1:
+            ef = _adjusted_mean_nb(c, ratio, j, fast)
+            es = _adjusted_mean_nb(c, ratio, j, slow)
+        else:
+            ef += kf * (c[j] - ef)
+            es += ks * (c[j] - es)
+        line[j] = ef - es
+        if j == first_sig:
+            eg = _adjusted_mean_nb(line, ratio, j, sig)
+        elif j > first_sig:
+            eg += kg * (line[j] - eg)
+        if j >= first_sig:
+            sgl[j] = eg
+    return line, sgl
+
+
+@njit(cache=True)
+def _bb_pctb_nb(c, ratio, w, kk):
+    """Bollinger %b = (C - (mu - k sigma)) / (2 k sigma) on the last w adjusted closes,
+    population sigma (two-pass), sigma == 0 -> 0.5."""
+    nb = c.shape[0]
+    out = np.full(nb, np.nan)
+    buf = np.empty(w, np.float64)
+    for j in range(w - 1, nb):
+        f = 1.0
+        s = 0.0
+        for m in range(w):
+            x = c[j - m] * f
+            buf[m] = x
+            s += x
+            f *= ratio[j - m]
+        mu = s / w
+        v = 0.0
+        for m in range(w):
+            d = buf[m] - mu
+            v += d * d
+        sd = math.sqrt(v / w)
+        if sd > 0.0:
+            out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd)
+        else:
+            out[j] = 0.5
+    return out
+
+
+@njit(cache=True)
+def _rolling_z_nb(x, w):
+    """(x_j - mean) / population std over x[j-w+1..j]; std == 0 -> 0."""
+    nb = x.shape[0]
+    out = np.full(nb, np.nan)
+    for j in range(w - 1, nb):
+        s = 0.0
+        for m in range(j - w + 1, j + 1):
+            s += x[m]
+        mu = s / w
+        v = 0.0
+        for m in range(j - w + 1, j + 1):
+            d = x[m] - mu
+            v += d * d
+        sd = math.sqrt(v / w)
+        out[j] = (x[j] - mu) / sd if sd > 0.0 else 0.0
+    return out
+
+
+@njit(cache=True)
+def _cusum_nb(r, sigma, session, k):
+    """Symmetric CUSUM on log close (increments r): S+ = max(0, S+ + r), S- = min(0, S- + r);
+    event if S- < -h (reset S-) else if S+ > h (reset S+), h = k * sigma_{j-1}. Restarts at
+    each session's first bar (no event there before sigma exists). Returns event flag, the
+    direction of the latest event in the session (0 if none) and bars since that event (or
+    since the session's first bar)."""
+    nb = r.shape[0]
+    ev = np.zeros(nb, np.float64)
+    dirn = np.zeros(nb, np.float64)
+    since = np.zeros(nb, np.float64)
+    sp = 0.0
+    sm = 0.0
+    last = 0.0
+    ref = 0
+    for j in range(nb):
+        if j == 0 or session[j] != session[j - 1]:
+            sp = 0.0
+            sm = 0.0
+            last = 0.0
+            ref = j
+        sp = max(0.0, sp + r[j])
+        sm = min(0.0, sm + r[j])
+        if j > 0:
+            h = k * sigma[j - 1]
+            if sm < -h:
+                sm = 0.0
+                ev[j] = 1.0
+                last = -1.0
+                ref = j
+            elif sp > h:
+                sp = 0.0
+                ev[j] = 1.0
+                last = 1.0
+                ref = j
+        dirn[j] = last
+        since[j] = j - ref
+    return ev, dirn, since
+
+
+@njit(cache=True)
+def _trend_tvalue_nb(r, lmin, lmax, clip):
+    """Trailing trend-scanning t-value: for L in [lmin, lmax], OLS of ln C on time over bars
+    j-L+1..j; keep the t with the largest |t| (shortest L on ties), clipped to +-clip. ln C is
+    rebuilt locally from the roll-safe returns (origin-free, exact under any warm-up start)."""
+    nb = r.shape[0]
+    out = np.full(nb, np.nan)
+    y = np.empty(lmax, np.float64)
+    for j in range(lmax - 1, nb):
+        y[0] = 0.0
+        for m in range(1, lmax):
+            y[m] = y[m - 1] - r[j - m + 1]  # ln C_{j-m} - ln C_j
+        best = 0.0
+        for L in range(lmin, lmax + 1):
+            # x = -m (time increases toward bar j); slope is shift invariant
+            xm = -(L - 1) / 2.0
+            ym = 0.0
+            for m in range(L):
+                ym += y[m]
+            ym /= L
+            sxx = 0.0
+            sxy = 0.0
+            for m in range(L):
+                dx = -m - xm
+                sxx += dx * dx
+                sxy += dx * (y[m] - ym)
+            beta = sxy / sxx
+            sse = 0.0
+            for m in range(L):
+                e = y[m] - ym - beta * (-m - xm)
+                sse += e * e
+            s2 = sse / (L - 2)
+            if s2 > 0.0:
+                t = beta / math.sqrt(s2 / sxx)
+            elif beta > 0.0:
+                t = clip
+            elif beta < 0.0:
+                t = -clip
+            else:
+                t = 0.0
+            t = min(max(t, -clip), clip)
+            if abs(t) > abs(best):
+                best = t
+        out[j] = best
+    return out
+
+
+@njit(cache=True)
+def _bars_since_session_open_nb(session):
+    nb = session.shape[0]
+    out = np.empty(nb, np.float64)
+    cnt = 0.0
+    for j in range(nb):
+        if j == 0 or session[j] != session[j - 1]:
+            cnt = 0.0
+        else:
+            cnt += 1.0
+        out[j] = cnt
+    return out
+
+
+# --- registry -------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """Inputs of one feature computation plus a memo of shared kernel results."""
+
+    def __init__(self, bars: BarTable, config: BarFeatureConfig) -> None:
+        self.bars = bars
+        self.cfg = config
+        self._memo: dict[str, Any] = {}
+
+    def get(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
+
+    def returns(self) -> tuple[F64, F64, np.ndarray, F64]:
+        b = self.bars
+        return self.get(
+            "returns",
+            lambda: _returns_nb(b.open, b.close, b.instrument_id, self.cfg.log_return_clamp),
+        )
+
+    def ewma_vol(self) -> F64:
+        alpha = 2.0 / (self.cfg.ewma_vol_span + 1.0)
+        return self.get("ewma_vol", lambda: _ewma_vol_nb(self.returns()[0], alpha))
+
+    def dmi(self) -> tuple[F64, F64, F64]:
+        b = self.bars
+        _, _, roll, ratio = self.returns()
+        n = self.cfg.wilder_period
+        return self.get("dmi", lambda: _dmi_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+
+    def atr(self) -> F64:
+        b = self.bars
+        _, _, roll, ratio = self.returns()
+        n = self.cfg.wilder_period
+        return self.get("atr", lambda: _atr_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+
+    def macd(self) -> tuple[F64, F64]:
+        c = self.cfg
+        ratio = self.returns()[3]
+        return self.get(
+            "macd",
+            lambda: _macd_nb(self.bars.close, ratio, c.macd_fast, c.macd_slow, c.macd_signal),
+        )
+
+    def cusum(self) -> tuple[F64, F64, F64]:
+        return self.get(
+            "cusum",
+            lambda: _cusum_nb(self.returns()[0], self.ewma_vol(), self.bars.session_id, self.cfg.cusum_k),
+        )
+
+    def log_volume(self) -> F64:
+        return self.get("log_volume", lambda: np.log(self.bars.volume))
+
+    def log_duration(self) -> F64:
+        return self.get("log_duration", lambda: np.log1p(self.bars.duration_ns.astype(np.float64) / 1e6))
+
+    def tod_angle(self) -> F64:
+        return self.get(
+            "tod",
+            lambda: (
+                2.0
+                * np.pi
+                * calendar.local_time_of_day_ns(self.bars.ts_close).astype(np.float64)
+                / calendar.NS_PER_DAY
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One feature: ``window`` = trailing bars its value depends on (for recursive indicators:
+    bars after which the start is forgotten to ``memory_tol``), ``warmup`` = leading bars of a
+    fresh series that are NaN, ``bounds`` = documented closed range (None: any finite value)."""
+
+    name: str
+    description: str
+    window: int
+    warmup: int
+    bounds: tuple[float, float] | None
+    kernel: Callable[[_Ctx], F64] = field(repr=False, compare=False)
+
+
+def _memory(alpha: float, tol: float) -> int:
+    """Bars after which a recursion with weight (1-alpha) per bar forgets its start to tol."""
+    return math.ceil(math.log(tol) / math.log1p(-alpha))
+
+
+def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
+    """The feature registry for a config (names follow the configured windows)."""
+    c = config or BarFeatureConfig()
+    n = c.wilder_period
+    tol = c.memory_tol
+    wild = _memory(1.0 / n, tol)
+    ew = _memory(2.0 / (c.ewma_vol_span + 1.0), tol)
+    macd_mem = _memory(2.0 / (c.macd_slow + 1.0), tol)
+    sig_mem = _memory(2.0 / (c.macd_signal + 1.0), tol)
+    clamp = c.log_return_clamp
+    zb = math.sqrt(c.z_window - 1)  # |z| <= sqrt(w-1) for a population z-score (Samuelson)
+    bbb = math.sqrt(c.bb_window - 1) / (2 * c.bb_k)
+    eps = 1e-9
+    specs = [
+        FeatureSpec(
+            "log_return",
+            f"r_j = ln(C_j/C_{{j-1}}); roll bar (instrument changed, or first bar): ln(C_j/O_j); "
+            f"clamped to ±{clamp:g} (the clamp is part of the definition)",
+            2,
+            0,
+            (-clamp, clamp),
+            lambda x: x.returns()[0],
+        ),
+        FeatureSpec(
+            "log_return_clamped",
+            "1 when log_return was clamped, else 0",
+            2,
+            0,
+            (0.0, 1.0),
+            lambda x: x.returns()[1],
+        ),
+    ]
+    for w in c.rv_windows:
+        specs.append(
+            FeatureSpec(
+                f"rv_{w}",
+                f"sqrt(sum_{{i=j-{w - 1}..j}} r_i^2), not demeaned",
+                w + 1,
+                w - 1,
+                (0.0, clamp * math.sqrt(w) + eps),
+                _rv_kernel(w),
+            )
+        )
+    specs += [
+        FeatureSpec(
+            f"ewma_vol_{c.ewma_vol_span}",
+            f"sqrt(m_j), m_j = m_{{j-1}} + a (r_j^2 - m_{{j-1}}), a = 2/({c.ewma_vol_span}+1), "
+            "m_0 = r_0^2 (recursive, adjust=False, zero-mean)",
+            ew + 1,
+            0,
+            (0.0, clamp + eps),
+            lambda x: x.ewma_vol(),
+        ),
+        FeatureSpec(
+            f"atr_{n}",
+            f"Wilder ATR_{n} of TR = max(H-L, |H-C_prev|, |L-C_prev|) (price units), TA-Lib "
+            "seeding; C_prev of a roll bar is its open",
+            wild + n + 1,
+            n,
+            (0.0, math.inf),
+            lambda x: x.atr(),
+        ),
+        FeatureSpec(
+            f"natr_{n}",
+            f"100 * atr_{n} / C_j (percent, as TA-Lib NATR)",
+            wild + n + 1,
+            n,
+            (0.0, math.inf),
+            lambda x: x.get("natr", lambda: 100.0 * x.atr() / x.bars.close),
+        ),
+        FeatureSpec(
+            f"plus_di_{n}",
+            f"100 W(+DM)/W(TR), Wilder sums, TA-Lib seeding (n={n}); carry when W(TR)=0",
+            wild + n + 1,
+            n,
+            (0.0, 100.0),
+            lambda x: x.dmi()[0],
+        ),
+        FeatureSpec(
+            f"minus_di_{n}",
+            f"100 W(-DM)/W(TR), Wilder sums, TA-Lib seeding (n={n}); carry when W(TR)=0",
+            wild + n + 1,
+            n,
+            (0.0, 100.0),
+            lambda x: x.dmi()[1],
+        ),
+        FeatureSpec(
+            f"adx_{n}",
+            f"Wilder(DX), DX = 100|+DI - -DI|/(+DI + -DI), seeded by the mean of the first {n} "
+            "DX (first value at bar 2n-1); carry when DI sum = 0",
+            2 * wild + 2 * n + 1,
+            2 * n - 1,
+            (0.0, 100.0),
+            lambda x: x.dmi()[2],
+        ),
+        FeatureSpec(
+            f"rsi_{n}",
+            f"100 U/(U+D), Wilder means of gains/losses (n={n}), TA-Lib seeding; flat window -> 50",
+            wild + n + 1,
+            n,
+            (0.0, 100.0),
+            lambda x: x.get(
+                "rsi",
+                lambda: _rsi_nb(x.bars.open, x.bars.close, x.returns()[2], x.returns()[3], n),
+            ),
+        ),
+        FeatureSpec(
+            f"macd_{c.macd_fast}_{c.macd_slow}",
+            f"(EMA_{c.macd_fast}(C) - EMA_{c.macd_slow}(C)) / C_j, TA-Lib MACD seeding",
+            macd_mem + c.macd_slow,
+            c.macd_slow - 1,
+            (-1.0, 1.0),
+            lambda x: x.get("macd_line", lambda: x.macd()[0] / x.bars.close),
+        ),
+        FeatureSpec(
+            f"macd_signal_{c.macd_signal}",
+            f"EMA_{c.macd_signal}(MACD line) / C_j, TA-Lib seeding",
+            macd_mem + sig_mem + c.macd_slow + c.macd_signal,
+            c.macd_slow + c.macd_signal - 2,
+            (-1.0, 1.0),
+            lambda x: x.get("macd_sig", lambda: x.macd()[1] / x.bars.close),
+        ),
+        FeatureSpec(
+            "macd_hist",
+            "(MACD line - signal) / C_j",
+            macd_mem + sig_mem + c.macd_slow + c.macd_signal,
+            c.macd_slow + c.macd_signal - 2,
+            (-1.0, 1.0),
+            lambda x: (x.macd()[0] - x.macd()[1]) / x.bars.close,
+        ),
+        FeatureSpec(
+            f"bb_pctb_{c.bb_window}",
+            f"(C - mu + {c.bb_k:g} sigma)/({2 * c.bb_k:g} sigma) over {c.bb_window} adjusted "
+            "closes, population sigma; sigma = 0 -> 0.5",
+            c.bb_window + 1,
+            c.bb_window - 1,
+            (0.5 - bbb - eps, 0.5 + bbb + eps),
+            lambda x: x.get(
+                "bb",
+                lambda: _bb_pctb_nb(x.bars.close, x.returns()[3], c.bb_window, c.bb_k),
+            ),
+        ),
+        FeatureSpec(
+            "cusum_event",
+            f"1 if the symmetric CUSUM on ln C fires at bar j (h_j = {c.cusum_k:g} * "
+            f"ewma_vol_{c.ewma_vol_span}_{{j-1}}; restarts each session), else 0",
+            ew + 2,
+            0,
+            (0.0, 1.0),
+            lambda x: x.cusum()[0],
+        ),
+        FeatureSpec(
+            "cusum_direction",
+            "+1/-1: direction of the latest CUSUM event in the session, 0 if none yet",
+            ew + 2,
+            0,
+            (-1.0, 1.0),
+            lambda x: x.cusum()[1],
+        ),
+        FeatureSpec(
+            "cusum_bars_since",
+            "bars since the latest CUSUM event in the session (since its first bar if none)",
+            ew + 2,
+            0,
+            (0.0, math.inf),
+            lambda x: x.cusum()[2],
+        ),
+        FeatureSpec(
+            f"trend_tvalue_{c.trend_min_len}_{c.trend_max_len}",
+            f"t of the OLS slope of ln C on time over trailing bars j-L+1..j, the largest |t| "
+            f"over L in [{c.trend_min_len}, {c.trend_max_len}]; |t| clipped at "
+            f"{c.trend_t_clip:g}; s^2 = 0 -> ±clip (0 if slope 0)",
+            c.trend_max_len + 1,
+            c.trend_max_len - 1,
+            (-c.trend_t_clip, c.trend_t_clip),
+            lambda x: x.get(
+                "trend",
+                lambda: _trend_tvalue_nb(x.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
+            ),
+        ),
+        FeatureSpec(
+            "log_volume",
+            "ln(volume_j) (contracts)",
+            1,
+            0,
+            None,
+            lambda x: x.log_volume(),
+        ),
+        FeatureSpec(
+            f"volume_z_{c.z_window}",
+            f"z-score of log_volume over the last {c.z_window} bars (population sigma; 0 if flat)",
+            c.z_window,
+            c.z_window - 1,
+            (-zb - eps, zb + eps),
+            lambda x: x.get("vz", lambda: _rolling_z_nb(x.log_volume(), c.z_window)),
+        ),
+        FeatureSpec(
+            "buy_volume_frac",
+            "buy_volume_j / volume_j (aggressor or tick-rule buys)",
+            1,
+            0,
+            (0.0, 1.0),
+            lambda x: x.bars.buy_volume / x.bars.volume,
+        ),
+        FeatureSpec(
+            "log_duration",
+            "ln(1 + duration_ns_j / 1e6): log1p of the bar duration in milliseconds",
+            1,
+            0,
+            (0.0, math.inf),
+            lambda x: x.log_duration(),
+        ),
+        FeatureSpec(
+            f"duration_z_{c.z_window}",
+            f"z-score of log_duration over the last {c.z_window} bars (population sigma; 0 if flat)",
+            c.z_window,
+            c.z_window - 1,
+            (-zb - eps, zb + eps),
+            lambda x: x.get("dz", lambda: _rolling_z_nb(x.log_duration(), c.z_window)),
+        ),
+        FeatureSpec(
+            "time_of_day_sin",
+            "sin(2 pi tod/24h), tod = Chicago wall-clock time of ts_close",
+            1,
+            0,
+            (-1.0, 1.0),
+            lambda x: np.sin(x.tod_angle()),
+        ),
+        FeatureSpec(
+            "time_of_day_cos",
+            "cos(2 pi tod/24h), tod = Chicago wall-clock time of ts_close",
+            1,
+            0,
+            (-1.0, 1.0),
+            lambda x: np.cos(x.tod_angle()),
+        ),
+        FeatureSpec(
+            "session_progress",
+            "(ts_close - session open) / (session close - session open), CME session of the bar",
+            1,
+            0,
+            (0.0, 1.0),
+            _session_progress,
+        ),
+        FeatureSpec(
+            "bars_since_session_open",
+            "bars since the session's first bar (0 for the first bar)",
+            1,
+            0,
+            (0.0, math.inf),
+            lambda x: _bars_since_session_open_nb(x.bars.session_id),
+        ),
+    ]
+    return specs
+
+
+def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
+    def kernel(x: _Ctx) -> F64:
+        return x.get(f"rv_{w}", lambda: _rv_nb(x.returns()[0], w))
+
+    return kernel
+
+
+def _session_progress(x: _Ctx) -> F64:
+    open_, close = calendar.session_bounds_utc(x.bars.session_id)
+    return (x.bars.ts_close - open_).astype(np.float64) / (close - open_).astype(np.float64)
+
+
+FEATURES: list[FeatureSpec] = build_registry()
+
+
+def feature_names(config: BarFeatureConfig | None = None) -> list[str]:
+    """Feature column names, in table order."""
+    return [s.name for s in (FEATURES if config is None else build_registry(config))]
+
+
+def max_window(config: BarFeatureConfig | None = None) -> int:
+    """Bars of the previous quarter to pass as ``warmup`` for exact partition equivalence."""
+    return max(s.window for s in (FEATURES if config is None else build_registry(config)))
+
+
+# --- table ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeatureTable:
+    """``ts_close`` plus one float64 column per feature; ``n_prior`` = warm-up bars that
+    preceded the first row (validation allows NaN only where history < a feature's warmup)."""
+
+    ts_close: npt.NDArray[np.int64]
+    columns: dict[str, F64]
+    n_prior: int
+    config: BarFeatureConfig
+
+    def __len__(self) -> int:
+        return int(self.ts_close.shape[0])
+
+    def to_arrow(self) -> pa.Table:
+        arrays = [pa.array(self.ts_close, type=pa.int64())]
+        arrays += [pa.array(v, type=pa.float64()) for v in self.columns.values()]
+        names = ["ts_close", *self.columns]
+        meta = {
+            b"fx.n_prior_bars": str(self.n_prior).encode(),
+            b"fx.bar_feature_config": self.config.model_dump_json().encode(),
+            b"fx.features": json.dumps({s.name: s.description for s in build_registry(self.config)}).encode(),
+        }
+        return pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(meta)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, source: str = "bar_features") -> FeatureTable:
+        meta = table.schema.metadata or {}
+        try:
+            n_prior = int(meta[b"fx.n_prior_bars"])
+            config = BarFeatureConfig.model_validate_json(meta[b"fx.bar_feature_config"])
+        except (KeyError, ValueError) as exc:
+            raise FxDataError(f"{source}: missing or bad feature-table metadata ({exc})") from exc
+        names = feature_names(config)
+        missing = [n for n in ["ts_close", *names] if n not in table.column_names]
+        if missing:
+            raise FxDataError(f"{source}: missing feature columns {missing}")
+        cols = {n: np.asarray(table.column(n).to_numpy(), dtype=np.float64) for n in names}
+        ts = np.asarray(table.column("ts_close").to_numpy(), dtype=np.int64)
+        return cls(ts_close=ts, columns=cols, n_prior=n_prior, config=config)
+
+
+def _check_bars(bars: BarTable, what: str) -> None:
+    n = len(bars)
+    for name, arr in bars.columns().items():
+        if arr.shape != (n,):
+            raise FxDataError(f"{what}: column {name!r} has shape {arr.shape}, expected ({n},)")
+    for name in ("open", "high", "low", "close"):
+        arr = getattr(bars, name)
+        bad = np.flatnonzero(~(np.isfinite(arr) & (arr > 0)))
+        if bad.size:
+            raise FxDataError(f"{what}: column {name!r} bar {int(bad[0])} is {arr[bad[0]]!r}")
+    bad = np.flatnonzero(~(bars.volume > 0))
+    if bad.size:
+        raise FxDataError(f"{what}: column 'volume' bar {int(bad[0])} is {bars.volume[bad[0]]!r}")
+    bad = np.flatnonzero(bars.session_id < 0)
+    if bad.size:
+        raise FxDataError(f"{what}: column 'session_id' bar {int(bad[0])} is outside any session")
+    bad = np.flatnonzero(np.diff(bars.ts_close) < 0)
+    if bad.size:
+        raise FxDataError(f"{what}: column 'ts_close' not ordered at bar {int(bad[0]) + 1}")
+
+
+def compute_bar_features(
+    bars: BarTable, config: BarFeatureConfig | None = None, warmup: BarTable | None = None
+) -> FeatureTable:
+    """Features of ``bars``, one row per bar of ``bars``.
+
+    ``warmup``: the last ``max_window(config)`` bars before ``bars`` (the previous quarter's
+    tail, reaching into earlier quarters if that one is shorter), or None for the first quarter.
+    It only builds indicator state and is dropped from the output. ``bars`` must start at a
+    session start (quarters do) for the session-scoped features to match one pass exactly.
+    Raises FxDataError on malformed bars or a warm-up that does not precede them."""
+    cfg = config or BarFeatureConfig()
+    _check_bars(bars, "bars")
+    n_prior = 0
+    full = bars
+    if warmup is not None and len(warmup):
+        _check_bars(warmup, "warmup bars")
+        if len(bars) and warmup.ts_close[-1] > bars.ts_close[0]:
+            raise FxDataError(
+                f"warmup bars: last ts_close {int(warmup.ts_close[-1])} is after the first bar's "
+                f"{int(bars.ts_close[0])}"
+            )
+        n_prior = len(warmup)
+        full = BarTable.concat([warmup, bars])
+    ctx = _Ctx(full, cfg)
+    cols: dict[str, F64] = {}
+    for spec in build_registry(cfg):
+        values = np.asarray(spec.kernel(ctx), dtype=np.float64)
+        cols[spec.name] = np.ascontiguousarray(values[n_prior:])
+    return FeatureTable(
+        ts_close=np.ascontiguousarray(bars.ts_close, dtype=np.int64),
+        columns=cols,
+        n_prior=n_prior,
+        config=cfg,
+    )
+
+
+def validate_features(table: FeatureTable, partition: str) -> None:
+    """Raise FxDataError (naming partition, feature and bar) on a NaN/Inf outside a feature's
+    warm-up or a value outside its documented bounds."""
+    rows = np.arange(len(table)) + table.n_prior
+    for spec in build_registry(table.config):
+        v = table.columns.get(spec.name)
+        if v is None:
+            raise FxDataError(f"{partition}: feature {spec.name!r} missing")
+        if v.shape != (len(table),):
+            raise FxDataError(f"{partition}: feature {spec.name!r} has shape {v.shape}")
+        finite = np.isfinite(v)
+        bad = np.flatnonzero(~finite & ~(np.isnan(v) & (rows < spec.warmup)))
+        if bad.size:
+            j = int(bad[0])
+            raise FxDataError(
+                f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r} outside its warm-up "
+                f"({spec.warmup} bars; {table.n_prior} warm-up bars preceded)"
+            )
+        if spec.bounds is not None:
+            lo, hi = spec.bounds
+            out = np.flatnonzero(finite & ((v < lo) | (v > hi)))
+            if out.size:
+                j = int(out[0])
+                raise FxDataError(
+                    f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r}, outside its bounds [{lo}, {hi}]"
+                )

@@ -1,0 +1,215 @@
+"""Walk-forward fold ranges: half-open index ranges into a fold's concatenated bars.
+
+Owns the split of reference/microstructure.md §7 in its forward-only, rolling form. A fold is
+named by its validation quarter; its data is the time-ordered concatenation of the quarters
+it may see (the ``train_quarters`` quarters before the validation quarter, then the
+validation quarter). Ranges are computed from the bar timestamps alone (``searchsorted`` on
+``ts_close``), so the trainer uploads each quarter once and slices by index.
+
+- Validation: bars with ``ts_close`` in the validation quarter, ``[val_start, val_end)``.
+- Training: bars of the N quarters before it, minus the first ``warmup_bars`` of the
+  concatenation, minus the last ``purge_bars + embargo_bars`` before ``val_start``.
+- Purge: a training bar j carries a label that reaches bar ``j + max_horizon()``; dropping
+  the last ``purge_bars >= max_horizon()`` training bars keeps every training label strictly
+  before the first validation bar. Embargo adds a further gap.
+- Normalisation statistics are fitted on ``[train_start, train_end)`` only, by the trainer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fx_assets.core import calendar
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.labels import max_horizon
+
+I64 = npt.NDArray[np.int64]
+
+
+class FoldConfig(BaseModel):
+    """Walk-forward split parameters (part of the trained model's cache key)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    train_quarters: int = Field(
+        ge=1, description="Rolling training window: quarters before the validation quarter."
+    )
+    purge_bars: int = Field(
+        ge=0,
+        description="Training bars dropped before validation start; must be >= the longest label horizon "
+        "(labels.max_horizon(): entry lag + longest horizon) so no training label reaches validation.",
+    )
+    embargo_bars: int = Field(
+        default=0, ge=0, description="Extra gap (bars) between training end and validation."
+    )
+    warmup_bars: int = Field(
+        ge=0, description="Bars excluded at the start of the concatenation (feature warm-up)."
+    )
+
+    @model_validator(mode="after")
+    def _purge_covers_label_horizon(self) -> FoldConfig:
+        need = max_horizon()
+        if self.purge_bars < need:
+            raise ValueError(
+                f"purge_bars={self.purge_bars} is shorter than the label horizon {need} bars "
+                "(entry lag + longest horizon of the blended target): training labels would reach validation"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class FoldRange:
+    """Index ranges (half-open) into the fold's concatenated bars, and the edge timestamps."""
+
+    name: str  # validation quarter label, e.g. 2024-Q3
+    train_start: int
+    train_end: int
+    val_start: int
+    val_end: int
+    train_first_ts: int  # ts_close of bar train_start
+    train_last_ts: int  # ts_close of bar train_end - 1
+    val_first_ts: int
+    val_last_ts: int
+    purge_bars: int
+    embargo_bars: int
+    warmup_excluded: int  # bars of the training quarters dropped as warm-up
+
+    @property
+    def train(self) -> slice:
+        return slice(self.train_start, self.train_end)
+
+    @property
+    def val(self) -> slice:
+        return slice(self.val_start, self.val_end)
+
+    @property
+    def n_train(self) -> int:
+        return self.train_end - self.train_start
+
+    @property
+    def n_val(self) -> int:
+        return self.val_end - self.val_start
+
+
+def quarter_start_ns(first_day: dt.date) -> int:
+    """UTC instant (ns) at which the quarter's first session opens: its bars close at or after it."""
+    sessions = calendar.quarter_sessions(first_day)
+    opens, _ = calendar.session_bounds_utc(sessions[:1])
+    return int(opens[0])
+
+
+def _quarter_name(start_ns: int) -> str:
+    # Session opens fall on the previous (UTC) day, so name the quarter by its session day.
+    day = int(calendar.session_day(np.array([start_ns], dtype=np.int64))[0])
+    if day >= 0:
+        return calendar.quarter_label(dt.date(1970, 1, 1) + dt.timedelta(days=day))
+    return calendar.quarter_label(dt.datetime.fromtimestamp(start_ns / 1e9, tz=dt.UTC).date())
+
+
+def fold_range(
+    ts_concat: npt.ArrayLike,
+    quarter_starts_ns: Sequence[int],
+    val_quarter_index: int,
+    config: FoldConfig,
+    *,
+    label_horizon: int | None = None,
+    name: str | None = None,
+) -> FoldRange:
+    """Train / validation ranges of one fold from bar close times alone.
+
+    ``ts_concat``: non-decreasing int64 ``ts_close`` of the concatenated bars.
+    ``quarter_starts_ns``: first instant of each quarter in the concatenation, ascending (one
+    more entry may close the last quarter; otherwise the last quarter runs to the data's end).
+    ``val_quarter_index``: which of them is validated; the ``config.train_quarters`` quarters
+    before it train. ``label_horizon``: the horizon of the labels actually used (checked
+    against ``purge_bars``; defaults to ``labels.max_horizon()``).
+    Raises ``FxDataError`` naming the fold when a slice would be empty or inputs are bad.
+    """
+    ts = np.asarray(ts_concat, dtype=np.int64)
+    qs = [int(q) for q in quarter_starts_ns]
+    i = int(val_quarter_index)
+    fold = name if name is not None else (_quarter_name(qs[i]) if 0 <= i < len(qs) else f"#{i}")
+    if ts.ndim != 1:
+        raise FxDataError(f"fold {fold}: ts_concat must be one-dimensional")
+    if any(b <= a for a, b in itertools.pairwise(qs)):
+        raise FxDataError(f"fold {fold}: quarter starts are not strictly ascending: {qs}")
+    if ts.size > 1 and bool(np.any(np.diff(ts) < 0)):
+        j = int(np.flatnonzero(np.diff(ts) < 0)[0]) + 1
+        raise FxDataError(f"fold {fold}: ts_close decreases at bar {j} of the concatenation")
+    if not 0 <= i < len(qs):
+        raise FxDataError(f"fold {fold}: validation quarter index {i} outside 0..{len(qs) - 1}")
+    n_q = config.train_quarters
+    if i < n_q:
+        raise FxDataError(
+            f"fold {fold}: needs {n_q} training quarter(s) before the validation quarter, "
+            f"the concatenation has {i}"
+        )
+    horizon = max_horizon() if label_horizon is None else int(label_horizon)
+    if config.purge_bars < horizon:
+        raise FxDataError(
+            f"fold {fold}: purge_bars={config.purge_bars} < label horizon {horizon}; labels would leak"
+        )
+
+    n = ts.shape[0]
+    q_first = int(np.searchsorted(ts, qs[i - n_q], side="left"))
+    v0 = int(np.searchsorted(ts, qs[i], side="left"))
+    v1 = int(np.searchsorted(ts, qs[i + 1], side="left")) if i + 1 < len(qs) else n
+    t0 = max(q_first, config.warmup_bars)
+    t1 = v0 - config.purge_bars - config.embargo_bars
+    if v1 <= v0:
+        raise FxDataError(f"fold {fold}: the validation quarter has no bars")
+    if t1 <= t0:
+        raise FxDataError(
+            f"fold {fold}: empty training slice: {v0 - q_first} bars in {n_q} training quarter(s), "
+            f"minus warm-up {max(0, config.warmup_bars - q_first)}, purge {config.purge_bars}, "
+            f"embargo {config.embargo_bars}"
+        )
+    return FoldRange(
+        name=fold,
+        train_start=t0,
+        train_end=t1,
+        val_start=v0,
+        val_end=v1,
+        train_first_ts=int(ts[t0]),
+        train_last_ts=int(ts[t1 - 1]),
+        val_first_ts=int(ts[v0]),
+        val_last_ts=int(ts[v1 - 1]),
+        purge_bars=config.purge_bars,
+        embargo_bars=config.embargo_bars,
+        warmup_excluded=t0 - q_first,
+    )
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def fold_table(ranges: Sequence[FoldRange]) -> list[dict[str, Any]]:
+    """One row per fold (bar counts, ISO UTC edges) for asset metadata and reports."""
+    return [
+        {
+            "fold": r.name,
+            "train_bars": r.n_train,
+            "val_bars": r.n_val,
+            "train_start": r.train_start,
+            "train_end": r.train_end,
+            "val_start": r.val_start,
+            "val_end": r.val_end,
+            "purge_bars": r.purge_bars,
+            "embargo_bars": r.embargo_bars,
+            "warmup_excluded": r.warmup_excluded,
+            "train_from": _iso(r.train_first_ts),
+            "train_to": _iso(r.train_last_ts),
+            "val_from": _iso(r.val_first_ts),
+            "val_to": _iso(r.val_last_ts),
+        }
+        for r in ranges
+    ]

@@ -1,0 +1,1238 @@
+"""Order-flow-imbalance (OFI) and order-book feature kernels (pure numba/numpy, no Dagster).
+
+Owns the per-bar microstructure features of the ``ofi_features`` stage: Cont–Kukanov–Stoikov
+best-level OFI, multi-level OFI (Xu–Gould–Howison, Cont–Cucuringu–Zhang normalisation), book
+state at the bar close (imbalances, weighted mid, slopes, centre of mass, spread), flow
+toxicity (VPIN, Kyle's λ, trade imbalance), activity (event rate, Hawkes-type intensity,
+realised variance of the mid, queue depletion) and their lag-1 deltas; the feature registry
+(`ofi_feature_registry`), the config (`OfiConfig`) and the validator (`validate_ofi`).
+Formulas follow ``shared/reference/microstructure.md`` §0, §2, §3, §4.
+
+Causality (rule C). Bar j (close ``τ_j = bar_ts_close[j]``) uses the book snapshots and trades
+with ``ts ∈ (τ_{j-1}, τ_j]`` (its own formation window), per-bar results of earlier bars of
+the same reset segment, and the book *as of* ``τ_j`` (last valid snapshot with ts ≤ τ_j). An
+event at ``τ_j + 1 ns`` belongs to bar j+1. Window boundaries come from
+``searchsorted(ts, τ, side="right")`` — one line, tested by the anti-regression test.
+
+Resets. A reset segment starts at bar 0 of the call, at every change of ``bar_instrument``
+(a roll) and wherever the caller's ``bar_reset`` is true. Nothing crosses a reset: the first
+valid snapshot after it has no predecessor (e = 0), and every trailing window (Kyle, trade
+imbalance, Hawkes, VPIN volume, deltas) starts again.
+
+Design: two passes, both sharded over contiguous bar ranges on a thread pool calling
+``nogil`` kernels.
+  1. *Event pass* (`_event_pass_nb`): per bar, sums over its own window's events (OFI terms,
+     depths, queue depletion, realised variance, trade volumes, the bar-local Hawkes sum) and
+     the index of the as-of snapshot. The only state is the previous valid snapshot; a shard
+     rebuilds it at its first bar by scanning back to the last valid snapshot of the segment
+     (this is the shard's warm-up; it reads, it does not recompute).
+  2. *Bar pass* (`_bar_pass_nb`): per bar, the book-state features from the as-of snapshot
+     and every trailing feature recomputed *from scratch* from the per-bar sums of the last
+     ``w`` bars of the segment (Kyle OLS, trade imbalance, Hawkes) — no running sums, so no
+     rounding drift — and VPIN from the cumulative (signed) volume arrays that the wrapper
+     precomputes over the whole call.
+  Every output of bar j is therefore a pure function of (input arrays, j): the sharded result
+  equals the sequential one bit for bit for any number of shards. The equivalent
+  "replay W bars" warm-up is what a *caller* needs across partitions: `ofi_warmup_bars`
+  says how many trailing bars of the previous partition to pass (with ``n_warmup``).
+
+VPIN buckets are anchored at the bar close: the most recent bucket ends at the cumulative
+volume of the last trade ≤ τ_j, and the n buckets of exactly V contracts before it are cut
+pro-rata inside trades. VPIN_j thus always measures exactly the last n·V contracts, and does
+not depend on where the history (partition, shard) started — only on having n·V contracts of
+the segment before τ_j (NaN before).
+
+Units: prices in price units (float, NaN for a missing level), sizes and counts in contracts
+/ orders (float64), timestamps int64 ns, tick size in price units.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from numba import njit
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fx_assets.core.errors import FxDataError
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+FORMAT_VERSION = "1"
+NS_PER_S = 1e9
+MIN_DURATION_S = 1e-6  # floor of the bar window length: volume bars may close at the same ns
+_EPS = 1e-12
+
+# ---------------------------------------------------------------------------------------------
+# Config and registry
+# ---------------------------------------------------------------------------------------------
+
+
+class OfiConfig(BaseModel):
+    """Parameters of the OFI / book feature kernels (frozen; part of the cache identity)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    levels: int = Field(
+        10,
+        ge=5,
+        le=10,
+        description="Book levels used (by rank, 1 = best). mlofi_1_10 / depth_imbalance_10 / "
+        "slopes / centre of mass use levels 1..levels; mlofi_1_5 and depth_imbalance_5 use 1..5.",
+    )
+    vpin_bucket_volume: float = Field(
+        1000.0,
+        gt=0,
+        description="VPIN bucket size V in contracts (ELO: ADV/50; set per symbol).",
+    )
+    vpin_buckets: int = Field(50, ge=1, description="Number n of VPIN buckets (dimensionless).")
+    kyle_window: int = Field(50, ge=3, description="Kyle's λ rolling OLS window, in bars.")
+    kyle_min_bars: int = Field(
+        20, ge=3, description="Minimum valid (x, y) bars in the Kyle window; fewer gives NaN."
+    )
+    trade_imbalance_windows: tuple[int, ...] = Field(
+        (1, 5, 20),
+        description="Trade-imbalance windows, in bars (one feature trade_imbalance_<w> each).",
+    )
+    rv_return_scale: float = Field(
+        1e4,
+        gt=0,
+        description="Multiplier of Δln(mid) in mid_realized_var and Kyle's y "
+        "(1e4: basis points, so RV is in bps²).",
+    )
+    hawkes_decay_s: float = Field(
+        1.0, gt=0, description="Decay time δ of the exponential event-intensity kernel, seconds."
+    )
+    hawkes_bars: int = Field(
+        50,
+        ge=1,
+        description="Truncation of the intensity kernel, in bars: events of the last hawkes_bars "
+        "bars (of the segment) count; makes the value reproducible from a finite warm-up.",
+    )
+    warmup_bars: int | None = Field(
+        None,
+        ge=1,
+        description="Bars a caller replays before a partition (bars). None: derived, "
+        "max(kyle_window, max trade-imbalance window, hawkes_bars) + 1. VPIN additionally "
+        "needs vpin_buckets·vpin_bucket_volume contracts: see ofi_warmup_bars().",
+    )
+    n_shards: int = Field(
+        0, ge=0, description="Contiguous bar shards per pass (0: 4 × n_workers, capped by bars)."
+    )
+    n_workers: int = Field(
+        0, ge=0, description="Threads running the nogil kernels (0: numba's thread count)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OfiConfig:
+        if self.kyle_min_bars > self.kyle_window:
+            raise ValueError("kyle_min_bars must be <= kyle_window")
+        if not self.trade_imbalance_windows or min(self.trade_imbalance_windows) < 1:
+            raise ValueError("trade_imbalance_windows must be non-empty positive bar counts")
+        if len(set(self.trade_imbalance_windows)) != len(self.trade_imbalance_windows):
+            raise ValueError("trade_imbalance_windows must be distinct")
+        return self
+
+    @property
+    def effective_warmup_bars(self) -> int:
+        """Warm-up in bars that fills every bar-count window (and the lag-1 deltas)."""
+        if self.warmup_bars is not None:
+            return self.warmup_bars
+        return max(self.kyle_window, max(self.trade_imbalance_windows), self.hawkes_bars) + 1
+
+    @property
+    def workers(self) -> int:
+        return self.n_workers if self.n_workers > 0 else int(numba.get_num_threads())
+
+
+@dataclass(frozen=True)
+class OfiFeatureSpec:
+    """Registry entry of one OFI feature.
+
+    ``signed``: flips sign under the mirror (bid↔ask, p → 2c − p, trade signs flipped).
+    ``mirror_partner``: the feature it turns into under the mirror (bid_slope ↔ ask_slope).
+    ``log_price``: built from ln(mid), so the additive price mirror holds only to O(Δp/p).
+    ``nan_prefix``: NaN allowed in a leading run of each reset segment (warm-up), never later.
+    """
+
+    name: str
+    description: str
+    window: int  # trailing bars the value depends on (0: book as of τ_j only)
+    lower: float
+    upper: float
+    signed: bool
+    mirror_partner: str | None = None
+    log_price: bool = False
+    nan_prefix: bool = False
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """Documented closed range, None when any finite value is allowed (as bar_features)."""
+        if math.isinf(self.lower) and math.isinf(self.upper):
+            return None
+        return (self.lower, self.upper)
+
+
+_INF = math.inf
+
+# Kernel column order of the bar pass (trade-imbalance columns follow, one per window).
+_BASE_COLS = (
+    "ofi_l1",
+    "ofi_l1_norm",
+    "mlofi_1_5",
+    "mlofi_1_10",
+    "l1_imbalance",
+    "depth_imbalance_5",
+    "depth_imbalance_10",
+    "weighted_mid_offset",
+    "microprice_offset",
+    "bid_slope",
+    "ask_slope",
+    "slope_imbalance",
+    "book_com_asymmetry",
+    "book_com_offset",
+    "spread_ticks",
+    "order_count_imbalance",
+    "vpin",
+    "kyle_lambda",
+    "queue_depletion_asymmetry",
+    "mid_realized_var",
+    "event_rate",
+    "hawkes_intensity",
+    "log_bar_duration",
+    "n_book_events",
+    "n_trades",
+)
+_N_BASE = len(_BASE_COLS)
+_BOOK_STATE_COLS = _BASE_COLS[4:16]  # written by _book_state_nb, in this order
+_DELTA_OF = ("ofi_l1_norm", "mlofi_1_5", "mlofi_1_10", "l1_imbalance", "depth_imbalance_5")
+
+
+def _kernel_names(cfg: OfiConfig) -> list[str]:
+    names = list(_BASE_COLS)
+    names[names.index("vpin")] = f"vpin_{cfg.vpin_buckets}"
+    names[names.index("kyle_lambda")] = f"kyle_lambda_{cfg.kyle_window}"
+    names += [f"trade_imbalance_{w}" for w in cfg.trade_imbalance_windows]
+    return names
+
+
+def ofi_feature_registry(config: OfiConfig | None = None) -> dict[str, OfiFeatureSpec]:
+    """Registry of every OFI feature, in output column order (names depend on the config)."""
+    c = config or OfiConfig()
+    L = c.levels
+    S = OfiFeatureSpec
+    reg = [
+        S(
+            "ofi_l1",
+            "CKS best-level OFI Σ_n e_n over the bar's snapshots (contracts); "
+            "e_n = 1{Pb≥Pb'}Qb − 1{Pb≤Pb'}Qb' − 1{Pa≤Pa'}Qa + 1{Pa≥Pa'}Qa' (' = previous valid "
+            "snapshot); e = 0 at the first snapshot after a reset; 0 for a bar without snapshots",
+            1,
+            -_INF,
+            _INF,
+            True,
+        ),
+        S(
+            "ofi_l1_norm",
+            "ofi_l1 / mean over the bar's snapshots of (Qb_1+Qa_1)/2; 0 when the bar "
+            "has no snapshot or zero mean depth",
+            1,
+            -_INF,
+            _INF,
+            True,
+        ),
+        S(
+            "mlofi_1_5",
+            "Σ_{m=1..5} OFI^(m) / Q̄^5, OFI^(m) = level-m CKS OFI (XGH; missing bid "
+            "price −∞, ask +∞, size 0), Q̄^5 = mean over levels 1..5 and the bar's snapshots of "
+            "(Qb_m+Qa_m)/2 (CCZ); 0 when Q̄ = 0",
+            1,
+            -_INF,
+            _INF,
+            True,
+        ),
+        S("mlofi_1_10", f"as mlofi_1_5 over levels 1..{L}", 1, -_INF, _INF, True),
+        S(
+            "l1_imbalance",
+            "I_1 = (Qb_1−Qa_1)/(Qb_1+Qa_1) as of τ_j; 0 if no size",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "depth_imbalance_5",
+            "Σ_{k≤5}(Qb_k−Qa_k)/Σ_{k≤5}(Qb_k+Qa_k) (w_k = 1) as of τ_j",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "depth_imbalance_10",
+            f"as depth_imbalance_5 over levels 1..{L}",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "weighted_mid_offset",
+            "(m_w − m)/s = I_1/2, m_w = (Qb_1·Pa_1+Qa_1·Pb_1)/(Qb_1+Qa_1), "
+            "s = Pa_1 − Pb_1; 0 for a locked book",
+            0,
+            -0.5,
+            0.5,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "microprice_offset",
+            "weighted-mid microprice adjustment (m_w − m)/tick = I_1·s/(2·tick) "
+            "(no fitted g-table: parameter-free, hence causal)",
+            0,
+            -_INF,
+            _INF,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "bid_slope",
+            "Næs–Skjeltorp bid slope with distances in ticks: (1/N)[v_1/|Pb_1−m| + "
+            "Σ_{τ<N}(v_{τ+1}/v_τ − 1)/|Pb_{τ+1}−Pb_τ|], v_τ = ln(1 + cum size to τ); N present "
+            "levels; pairs with equal prices skipped",
+            0,
+            0.0,
+            _INF,
+            False,
+            "ask_slope",
+            nan_prefix=True,
+        ),
+        S("ask_slope", "as bid_slope on the ask side", 0, 0.0, _INF, False, "bid_slope", nan_prefix=True),
+        S(
+            "slope_imbalance",
+            "(bid_slope − ask_slope)/(bid_slope + ask_slope); 0 if both 0",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "book_com_asymmetry",
+            "(D^a − D^b)/(D^a + D^b), D^b = ΣQb_k(m−Pb_k)/ΣQb_k, D^a = "
+            "ΣQa_k(Pa_k−m)/ΣQa_k over present levels; positive = bid depth closer to the mid",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            "book_com_offset",
+            "(m − P_com)/tick, P_com = Σ(Qb_k·Pb_k+Qa_k·Pa_k)/Σ(Qb_k+Qa_k); at one "
+            "level equals microprice_offset (COM_1 − m = −(m_w − m))",
+            0,
+            -_INF,
+            _INF,
+            True,
+            nan_prefix=True,
+        ),
+        S("spread_ticks", "(Pa_1 − Pb_1)/tick as of τ_j", 0, 0.0, _INF, False, nan_prefix=True),
+        S(
+            "order_count_imbalance",
+            "Σ_k(Cb_k − Ca_k)/Σ_k(Cb_k + Ca_k) over present levels (order counts) as of τ_j; 0 if no orders",
+            0,
+            -1.0,
+            1.0,
+            True,
+            nan_prefix=True,
+        ),
+        S(
+            f"vpin_{c.vpin_buckets}",
+            f"Σ_{{k<n}}|V^B_k − V^S_k|/(n·V), n = {c.vpin_buckets} buckets of "
+            f"V = {c.vpin_bucket_volume:g} contracts ending at the cumulative volume of τ_j, "
+            "trades split pro-rata, aggressor-signed (unknown sign: volume without imbalance); "
+            "NaN until n·V contracts since the reset",
+            0,
+            0.0,
+            1.0,
+            False,
+            nan_prefix=True,
+        ),
+        S(
+            f"kyle_lambda_{c.kyle_window}",
+            f"OLS slope (with intercept) of y = Δln m_j·"
+            f"{c.rv_return_scale:g} on x = Σ b_i v_i (signed contracts) over the last "
+            f"{c.kyle_window} bars of the segment with both mids; NaN below {c.kyle_min_bars} "
+            "bars or var(x) ≈ 0",
+            c.kyle_window,
+            -_INF,
+            _INF,
+            False,
+            log_price=True,
+            nan_prefix=True,
+        ),
+        S(
+            "queue_depletion_asymmetry",
+            "(D_a − D_b)/(D_a + D_b) over the bar's L1 transitions: "
+            "D_b += max(Qb'−Qb, 0) if Pb = Pb', += Qb' if Pb < Pb' (queue consumed); D_a "
+            "likewise with Pa > Pa'; 0 if no depletion; positive = ask queue depleted more",
+            1,
+            -1.0,
+            1.0,
+            True,
+        ),
+        S(
+            "mid_realized_var",
+            f"Σ (Δln m·{c.rv_return_scale:g})² over consecutive valid snapshots "
+            "of the bar (first increment from the previous bar's last snapshot)",
+            1,
+            0.0,
+            _INF,
+            False,
+            log_price=True,
+        ),
+        S(
+            "event_rate",
+            "(valid book snapshots + trades in the window)/window length, events/s; "
+            f"window (τ_{{j−1}}, τ_j] floored at {MIN_DURATION_S:g} s",
+            1,
+            0.0,
+            _INF,
+            False,
+            nan_prefix=True,
+        ),
+        S(
+            "hawkes_intensity",
+            f"Σ_i exp(−(τ_j − t_i)/δ)/δ over book+trade events of the last "
+            f"{c.hawkes_bars} bars of the segment, δ = {c.hawkes_decay_s:g} s (events/s)",
+            c.hawkes_bars,
+            0.0,
+            _INF,
+            False,
+        ),
+        S(
+            "log_bar_duration",
+            f"ln(max(τ_j − τ_{{j−1}}, {MIN_DURATION_S:g} s)/1 s); NaN for the "
+            "first bar of a call without ts_window_start",
+            1,
+            -_INF,
+            _INF,
+            False,
+            nan_prefix=True,
+        ),
+        S("n_book_events", "valid book snapshots in the window (count)", 1, 0.0, _INF, False),
+        S("n_trades", "trades in the window (count)", 1, 0.0, _INF, False),
+    ]
+    reg += [
+        S(
+            f"trade_imbalance_{w}",
+            f"Σ(V^B − V^S)/ΣV over the last {w} bars of the segment "
+            "(unknown-sign volume counts in ΣV); 0 if ΣV = 0",
+            w,
+            -1.0,
+            1.0,
+            True,
+        )
+        for w in c.trade_imbalance_windows
+    ]
+    bounds = {s.name: s for s in reg}
+    for base in _DELTA_OF:
+        b = bounds[base]
+        span = b.upper - b.lower
+        reg.append(
+            S(
+                f"d_{base}",
+                f"{base}[j] − {base}[j−1] (same segment; NaN at its first bar)",
+                2,
+                -span,
+                span,
+                b.signed,
+                nan_prefix=True,
+            )
+        )
+    return {s.name: s for s in reg}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and outputs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BookArrays:
+    """MBP snapshots of the active contract, ts_recv order. Arrays [n, ≥levels], C order.
+
+    Prices float64 in price units, NaN for a missing level; sizes (contracts) and order counts
+    float64 (other numeric dtypes are converted, which copies). A snapshot whose best bid or
+    ask is missing, or which is crossed (Pb_1 > Pa_1), is dropped (§0 cleaning).
+    """
+
+    ts: I64
+    bid_px: F64
+    ask_px: F64
+    bid_sz: F64
+    ask_sz: F64
+    bid_ct: F64
+    ask_ct: F64
+
+
+@dataclass(frozen=True)
+class TradeArrays:
+    """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}."""
+
+    ts: I64
+    price: F64
+    size: F64
+    sign: npt.NDArray[np.int8]
+
+
+@dataclass
+class OfiFeatures:
+    """One row per bar: ``ts_close``, ``bars_since_reset`` (capped at the warm-up, so a
+    partition computed with enough warm-up gives the same values) and float64 features."""
+
+    ts_close: I64
+    bars_since_reset: npt.NDArray[np.int32]
+    columns: dict[str, F64]
+    config: OfiConfig
+    tick_size: float
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.ts_close.shape[0])
+
+    def to_arrow(self) -> pa.Table:
+        """Arrow table (ts_close, bars_since_reset, features…) with the config in metadata."""
+        arrays = [pa.array(self.ts_close), pa.array(self.bars_since_reset)]
+        names = ["ts_close", "bars_since_reset"]
+        for k, v in self.columns.items():
+            arrays.append(pa.array(v))
+            names.append(k)
+        md = {
+            b"fx.format_version": FORMAT_VERSION.encode(),
+            b"fx.ofi_config": self.config.model_dump_json().encode(),
+            b"fx.tick_size": repr(self.tick_size).encode(),
+        }
+        md.update({k.encode(): v.encode() for k, v in self.meta.items()})
+        return pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(md)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> OfiFeatures:
+        md = table.schema.metadata or {}
+        if b"fx.ofi_config" not in md:
+            raise FxDataError("ofi_features table has no fx.ofi_config metadata")
+        cfg = OfiConfig.model_validate(json.loads(md[b"fx.ofi_config"]))
+        cols = {
+            n: table.column(n).to_numpy().astype(np.float64)
+            for n in table.column_names
+            if n not in ("ts_close", "bars_since_reset")
+        }
+        return cls(
+            ts_close=table.column("ts_close").to_numpy().astype(np.int64),
+            bars_since_reset=table.column("bars_since_reset").to_numpy().astype(np.int32),
+            columns=cols,
+            config=cfg,
+            tick_size=float(md.get(b"fx.tick_size", b"nan")),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba kernels
+# ---------------------------------------------------------------------------------------------
+
+# Columns of the per-bar sums written by the event pass.
+_L_NSNAP, _L_NTR, _L_OFI1, _L_D1, _L_ML5, _L_D5, _L_MLL, _L_DL = 0, 1, 2, 3, 4, 5, 6, 7
+_L_DEPB, _L_DEPA, _L_RV, _L_VOL, _L_BUY, _L_SELL, _L_HAWK = 8, 9, 10, 11, 12, 13, 14
+_N_LOC = 15
+
+
+@njit(cache=True, nogil=True)
+def _event_pass_nb(
+    b_ts, bid_px, ask_px, bid_sz, ask_sz, valid, t_ts, t_size, t_sign,
+    snap_lo, snap_hi, trd_lo, trd_hi, seg_snap_lo, bar_close, reset,
+    levels, rv_scale, decay_ns, b0, b1, loc, asof,
+):  # fmt: skip
+    """Per-bar sums over each bar's own window, bars [b0, b1) (one shard)."""
+    n5 = min(5, levels)
+    prev = -1
+    prev_lnm = 0.0
+    for j in range(b0, b1):
+        if j == b0 or reset[j]:
+            # Shard warm-up / reset: predecessor = last valid snapshot of the segment before
+            # this bar's window (none right after a reset, since the range is then empty).
+            prev = -1
+            p = snap_lo[j] - 1
+            while p >= seg_snap_lo[j]:
+                if valid[p]:
+                    prev = p
+                    break
+                p -= 1
+            if prev >= 0:
+                prev_lnm = math.log(0.5 * (bid_px[prev, 0] + ask_px[prev, 0]))
+        tau = bar_close[j]
+        nsnap = 0.0
+        ofi1 = 0.0
+        d1 = 0.0
+        ml5 = 0.0
+        d5 = 0.0
+        mll = 0.0
+        dl = 0.0
+        depb = 0.0
+        depa = 0.0
+        rv = 0.0
+        hawk = 0.0
+        for i in range(snap_lo[j], snap_hi[j]):
+            if not valid[i]:
+                continue
+            nsnap += 1.0
+            hawk += math.exp(-(tau - b_ts[i]) / decay_ns)
+            for m in range(levels):
+                pb = bid_px[i, m]
+                pa = ask_px[i, m]
+                qb = bid_sz[i, m] if pb == pb else 0.0
+                qa = ask_sz[i, m] if pa == pa else 0.0
+                dep = 0.5 * (qb + qa)
+                if m == 0:
+                    d1 += dep
+                if m < n5:
+                    d5 += dep
+                dl += dep
+                if prev >= 0:
+                    ppb = bid_px[prev, m]
+                    ppa = ask_px[prev, m]
+                    pqb = bid_sz[prev, m] if ppb == ppb else 0.0
+                    pqa = ask_sz[prev, m] if ppa == ppa else 0.0
+                    # XGH convention: a missing bid is −∞, a missing ask +∞ (size 0).
+                    if pb != pb:
+                        pb = -math.inf
+                    if ppb != ppb:
+                        ppb = -math.inf
+                    if pa != pa:
+                        pa = math.inf
+                    if ppa != ppa:
+                        ppa = math.inf
+                    e = 0.0
+                    if pb >= ppb:
+                        e += qb
+                    if pb <= ppb:
+                        e -= pqb
+                    if pa <= ppa:
+                        e -= qa
+                    if pa >= ppa:
+                        e += pqa
+                    if m == 0:
+                        ofi1 += e
+                        # Queue depletion at L1: a queue shrinking at an unchanged price, or
+                        # wholly consumed when the price moves away from the mid.
+                        if pb == ppb:
+                            if pqb > qb:
+                                depb += pqb - qb
+                        elif pb < ppb:
+                            depb += pqb
+                        if pa == ppa:
+                            if pqa > qa:
+                                depa += pqa - qa
+                        elif pa > ppa:
+                            depa += pqa
+                    if m < n5:
+                        ml5 += e
+                    mll += e
+            lnm = math.log(0.5 * (bid_px[i, 0] + ask_px[i, 0]))
+            if prev >= 0:
+                r = (lnm - prev_lnm) * rv_scale
+                rv += r * r
+            prev_lnm = lnm
+            prev = i
+        ntr = 0.0
+        vol = 0.0
+        buy = 0.0
+        sell = 0.0
+        for i in range(trd_lo[j], trd_hi[j]):
+            v = t_size[i]
+            ntr += 1.0
+            vol += v
+            if t_sign[i] > 0:
+                buy += v
+            elif t_sign[i] < 0:
+                sell += v
+            hawk += math.exp(-(tau - t_ts[i]) / decay_ns)
+        loc[j, _L_NSNAP] = nsnap
+        loc[j, _L_NTR] = ntr
+        loc[j, _L_OFI1] = ofi1
+        loc[j, _L_D1] = d1
+        loc[j, _L_ML5] = ml5
+        loc[j, _L_D5] = d5
+        loc[j, _L_MLL] = mll
+        loc[j, _L_DL] = dl
+        loc[j, _L_DEPB] = depb
+        loc[j, _L_DEPA] = depa
+        loc[j, _L_RV] = rv
+        loc[j, _L_VOL] = vol
+        loc[j, _L_BUY] = buy
+        loc[j, _L_SELL] = sell
+        loc[j, _L_HAWK] = hawk
+        asof[j] = prev
+
+
+@njit(cache=True, nogil=True)
+def _side_slope_nb(px, sz, levels, mid, tick):
+    """Næs–Skjeltorp slope of one side, price distances in ticks (see the registry)."""
+    n = 0
+    acc = 0.0
+    cum = 0.0
+    prev_v = 0.0
+    prev_p = 0.0
+    for k in range(levels):
+        p = px[k]
+        if p != p:
+            break
+        cum += sz[k]
+        v = math.log1p(cum)
+        if k == 0:
+            d = abs(p - mid) / tick
+            if d > 0.0:
+                acc += v / d
+        else:
+            d = abs(p - prev_p) / tick
+            if d > 0.0 and prev_v > 0.0:
+                acc += (v / prev_v - 1.0) / d
+        prev_v = v
+        prev_p = p
+        n += 1
+    if n == 0:
+        return math.nan
+    return acc / n
+
+
+@njit(cache=True, nogil=True)
+def _ratio(num, den):
+    """Safe division with fallback 0 (§0 div(x, y, 0))."""
+    if abs(den) <= 1e-12:
+        return 0.0
+    return num / den
+
+
+@njit(cache=True, nogil=True)
+def _book_state_nb(bpx, apx, bsz, asz, bct, act, levels, tick, out, o):
+    """Book-state features of one snapshot (rows of length ≥ levels) into out[o:o+12]."""
+    pb = bpx[0]
+    pa = apx[0]
+    qb = bsz[0]
+    qa = asz[0]
+    mid = 0.5 * (pb + pa)
+    s = pa - pb
+    i1 = _ratio(qb - qa, qb + qa)
+    n5 = min(5, levels)
+    num5 = 0.0
+    den5 = 0.0
+    numl = 0.0
+    denl = 0.0
+    ctn = 0.0
+    ctd = 0.0
+    sb = 0.0
+    sa = 0.0
+    db = 0.0
+    da = 0.0
+    com = 0.0
+    for k in range(levels):
+        b = bpx[k]
+        a = apx[k]
+        vb = bsz[k] if b == b else 0.0
+        va = asz[k] if a == a else 0.0
+        cb = bct[k] if b == b else 0.0
+        ca = act[k] if a == a else 0.0
+        if k < n5:
+            num5 += vb - va
+            den5 += vb + va
+        numl += vb - va
+        denl += vb + va
+        ctn += cb - ca
+        ctd += cb + ca
+        # Centred prices (exact on a tick grid), so the mirror flips these terms exactly.
+        if b == b:
+            sb += vb
+            db += vb * (mid - b)
+            com += vb * (b - mid)
+        if a == a:
+            sa += va
+            da += va * (a - mid)
+            com += va * (a - mid)
+    out[o + 0] = i1
+    out[o + 1] = _ratio(num5, den5)
+    out[o + 2] = _ratio(numl, denl)
+    out[o + 3] = 0.5 * i1 if s > 0.0 else 0.0
+    out[o + 4] = i1 * (0.5 * s) / tick
+    bsl = _side_slope_nb(bpx, bsz, levels, mid, tick)
+    asl = _side_slope_nb(apx, asz, levels, mid, tick)
+    out[o + 5] = bsl
+    out[o + 6] = asl
+    out[o + 7] = _ratio(bsl - asl, bsl + asl)
+    dbm = _ratio(db, sb)
+    dam = _ratio(da, sa)
+    out[o + 8] = _ratio(dam - dbm, dam + dbm)
+    out[o + 9] = -_ratio(com, sb + sa) / tick
+    out[o + 10] = s / tick
+    out[o + 11] = _ratio(ctn, ctd)
+
+
+@njit(cache=True, nogil=True)
+def _vol_at_nb(cumv, cumd, t_sign, lo, hi, c):
+    """Cumulative signed volume at cumulative volume c, trades [lo, hi) (pro-rata inside one)."""
+    i = lo + np.searchsorted(cumv[lo:hi], c)
+    if i >= hi:
+        i = hi - 1
+    return cumd[i] - t_sign[i] * (cumv[i] - c)
+
+
+@njit(cache=True, nogil=True)
+def _bar_pass_nb(
+    bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, loc, asof, bar_close, has_start, ts_start,
+    seg_start, seg_trd_lo, trd_hi, cumv, cumd, t_sign_f, levels, tick, vpin_v, vpin_n,
+    kyle_w, kyle_min, rv_scale, ti_windows, decay_ns, hawkes_bars, b0, b1, out,
+):  # fmt: skip
+    """Per-bar features of bars [b0, b1) from the per-bar sums (any order; no state)."""
+    xs = np.empty(kyle_w)
+    ys = np.empty(kyle_w)
+    for j in range(b0, b1):
+        s0 = seg_start[j]
+        # -- own-window flow terms
+        n = loc[j, _L_NSNAP]
+        out[j, 0] = loc[j, _L_OFI1]
+        out[j, 1] = _ratio(loc[j, _L_OFI1], loc[j, _L_D1] / n) if n > 0 else 0.0
+        nlev5 = min(5, levels)
+        out[j, 2] = _ratio(loc[j, _L_ML5], loc[j, _L_D5] / (n * nlev5)) if n > 0 else 0.0
+        out[j, 3] = _ratio(loc[j, _L_MLL], loc[j, _L_DL] / (n * levels)) if n > 0 else 0.0
+        # -- book state as of τ_j
+        a = asof[j]
+        if a >= 0:
+            _book_state_nb(
+                bid_px[a],
+                ask_px[a],
+                bid_sz[a],
+                ask_sz[a],
+                bid_ct[a],
+                ask_ct[a],
+                levels,
+                tick,
+                out[j],
+                4,
+            )
+        else:
+            for k in range(4, 16):
+                out[j, k] = math.nan
+        # -- VPIN over the last n·V contracts of the segment before τ_j
+        tlo = seg_trd_lo[j]
+        thi = trd_hi[j]
+        base = cumv[tlo - 1] if tlo > 0 else 0.0
+        cj = cumv[thi - 1] if thi > tlo else base
+        if thi > tlo and cj - vpin_n * vpin_v >= base - 1e-9:
+            acc = 0.0
+            fhi = cumd[thi - 1]
+            for k in range(1, vpin_n + 1):
+                c = cj - k * vpin_v
+                flo = _vol_at_nb(cumv, cumd, t_sign_f, tlo, thi, c)
+                acc += abs(fhi - flo)
+                fhi = flo
+            out[j, 16] = acc / (vpin_n * vpin_v)
+        else:
+            out[j, 16] = math.nan
+        # -- Kyle's λ: OLS with intercept over the last kyle_w bars of the segment
+        m = 0
+        for k in range(max(j - kyle_w + 1, s0 + 1), j + 1):
+            ak = asof[k]
+            ap = asof[k - 1]
+            if ak >= 0 and ap >= 0:
+                lm1 = math.log(0.5 * (bid_px[ak, 0] + ask_px[ak, 0]))
+                lm0 = math.log(0.5 * (bid_px[ap, 0] + ask_px[ap, 0]))
+                ys[m] = (lm1 - lm0) * rv_scale
+                xs[m] = loc[k, _L_BUY] - loc[k, _L_SELL]
+                m += 1
+        lam = math.nan
+        if m >= kyle_min:
+            mx = 0.0
+            my = 0.0
+            for q in range(m):
+                mx += xs[q]
+                my += ys[q]
+            mx /= m
+            my /= m
+            sxx = 0.0
+            sxy = 0.0
+            sx2 = 0.0
+            for q in range(m):
+                dx = xs[q] - mx
+                sxx += dx * dx
+                sxy += dx * (ys[q] - my)
+                sx2 += xs[q] * xs[q]
+            if sxx > 1e-12 * max(sx2, 1.0):
+                lam = sxy / sxx
+        out[j, 17] = lam
+        # -- queue depletion, realised variance
+        out[j, 18] = _ratio(loc[j, _L_DEPA] - loc[j, _L_DEPB], loc[j, _L_DEPA] + loc[j, _L_DEPB])
+        out[j, 19] = loc[j, _L_RV]
+        # -- window length, event rate
+        if j > 0 or has_start:
+            t0 = bar_close[j - 1] if j > 0 else ts_start
+            dur = max((bar_close[j] - t0) / 1e9, 1e-6)
+            out[j, 20] = (loc[j, _L_NSNAP] + loc[j, _L_NTR]) / dur
+            out[j, 22] = math.log(dur)
+        else:
+            out[j, 20] = math.nan
+            out[j, 22] = math.nan
+        # -- truncated exponential intensity at τ_j (events/s)
+        h = 0.0
+        for k in range(max(j - hawkes_bars + 1, s0), j + 1):
+            h += loc[k, _L_HAWK] * math.exp(-(bar_close[j] - bar_close[k]) / decay_ns)
+        out[j, 21] = h / (decay_ns / 1e9)
+        out[j, 23] = loc[j, _L_NSNAP]
+        out[j, 24] = loc[j, _L_NTR]
+        # -- trade imbalance over the last w bars of the segment
+        for q in range(ti_windows.shape[0]):
+            w = ti_windows[q]
+            num = 0.0
+            den = 0.0
+            for k in range(max(j - w + 1, s0), j + 1):
+                num += loc[k, _L_BUY] - loc[k, _L_SELL]
+                den += loc[k, _L_VOL]
+            out[j, 25 + q] = _ratio(num, den)
+
+
+# ---------------------------------------------------------------------------------------------
+# Python wrappers
+# ---------------------------------------------------------------------------------------------
+
+
+def book_state_row(
+    bid_px: F64, ask_px: F64, bid_sz: F64, ask_sz: F64, bid_ct: F64, ask_ct: F64, tick_size: float
+) -> dict[str, float]:
+    """Book-state features of one snapshot (1-D rows; levels = row length). For tests/tools."""
+    rows = [
+        np.ascontiguousarray(x, dtype=np.float64) for x in (bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct)
+    ]
+    out = np.empty(len(_BOOK_STATE_COLS))
+    b, a, bs, as_, bc, ac = rows
+    _book_state_nb(b, a, bs, as_, bc, ac, b.shape[0], float(tick_size), out, 0)
+    return dict(zip(_BOOK_STATE_COLS, out.tolist(), strict=True))
+
+
+@njit(cache=True, nogil=True)
+def _first_bad_size_nb(px, v, levels):
+    """First row where a present price has a size/count that is NaN or negative (−1: none)."""
+    for i in range(px.shape[0]):
+        for k in range(levels):
+            if px[i, k] == px[i, k] and not (v[i, k] >= 0.0):
+                return i
+    return -1
+
+
+def _as_f64(x: npt.ArrayLike, name: str, ndim: int) -> F64:
+    a = np.ascontiguousarray(x, dtype=np.float64)
+    if a.ndim != ndim:
+        raise FxDataError(f"OFI input column {name}: expected {ndim}-D array, got shape {a.shape}")
+    return a
+
+
+def _check_sorted(ts: I64, name: str) -> None:
+    if ts.shape[0] > 1:
+        bad = np.flatnonzero(np.diff(ts) < 0)
+        if bad.size:
+            raise FxDataError(
+                f"OFI input column {name}: timestamps not sorted at row {int(bad[0]) + 1} "
+                f"({int(ts[bad[0]])} > {int(ts[bad[0] + 1])})"
+            )
+
+
+def _shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
+    edges = np.linspace(0, n, k + 1).round().astype(np.int64)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if b > a]
+
+
+def compute_ofi_features(
+    book: BookArrays,
+    trades: TradeArrays,
+    bar_ts_close: npt.ArrayLike,
+    bar_instrument: npt.ArrayLike,
+    config: OfiConfig,
+    *,
+    tick_size: float,
+    n_warmup: int = 0,
+    ts_window_start: int | None = None,
+    bar_reset: npt.ArrayLike | None = None,
+    partition: str = "?",
+) -> OfiFeatures:
+    """Per-bar OFI / book / flow features (see `ofi_feature_registry` for every formula).
+
+    Args:
+        book, trades: events of the active contract, ts_recv order (units in the classes).
+        bar_ts_close: int64 ns close stamp τ_j of every bar (non-decreasing).
+        bar_instrument: uint32 instrument of every bar; a change starts a reset segment.
+        config: kernel parameters.
+        tick_size: minimum price increment of the contract, price units (ticks features).
+        n_warmup: leading bars that are only warm-up (replayed, not returned). To compute a
+            partition equal to the sequential pass, pass the previous partition's last
+            ``ofi_warmup_bars(...)`` bars (and their events) first with this count.
+        ts_window_start: the close of the bar preceding bar 0 (ns), if known: bar 0's window
+            is (ts_window_start, τ_0]; else it is every event ≤ τ_0 and its length is unknown
+            (event_rate / log_bar_duration NaN).
+        bar_reset: optional bool per bar forcing an extra reset (e.g. a data gap).
+        partition: label used in error messages.
+
+    Returns:
+        `OfiFeatures` of bars ``n_warmup:`` (ts_close, bars_since_reset, feature columns).
+    """
+    cfg = config
+    L = cfg.levels
+    if not (tick_size > 0 and math.isfinite(tick_size)):
+        raise FxDataError(f"OFI {partition}: tick_size must be a positive number, got {tick_size}")
+    b_ts = np.ascontiguousarray(book.ts, dtype=np.int64)
+    nb_ = b_ts.shape[0]
+    arr = {}
+    for nm in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
+        a = _as_f64(getattr(book, nm), nm, 2)
+        if a.shape[0] != nb_ or a.shape[1] < L:
+            raise FxDataError(
+                f"OFI {partition}: book column {nm} has shape {a.shape}, expected ({nb_}, >={L})"
+            )
+        arr[nm] = a
+    _check_sorted(b_ts, "book.ts")
+    for side in ("bid", "ask"):
+        for q in ("sz", "ct"):
+            v = arr[f"{side}_{q}"]
+            r = int(_first_bad_size_nb(arr[f"{side}_px"], v, L))
+            if r >= 0:
+                c = int(np.flatnonzero(np.isfinite(arr[f"{side}_px"][r, :L]) & ~(v[r, :L] >= 0))[0])
+                raise FxDataError(
+                    f"OFI {partition}: book column {side}_{q}_{c:02d} invalid ({v[r, c]}) at "
+                    f"snapshot {r} with a price present"
+                )
+    b1p = arr["bid_px"][:, 0]
+    a1p = arr["ask_px"][:, 0]
+    valid = np.isfinite(b1p) & np.isfinite(a1p) & (b1p <= a1p) & (b1p > 0)
+
+    t_ts = np.ascontiguousarray(trades.ts, dtype=np.int64)
+    t_size = _as_f64(trades.size, "trades.size", 1)
+    t_sign = np.ascontiguousarray(trades.sign, dtype=np.int8)
+    if not (t_size.shape[0] == t_sign.shape[0] == t_ts.shape[0]):
+        raise FxDataError(f"OFI {partition}: trade columns have different lengths")
+    _check_sorted(t_ts, "trades.ts")
+    if t_size.size and not (np.isfinite(t_size).all() and (t_size >= 0).all()):
+        r = int(np.flatnonzero(~(np.isfinite(t_size) & (t_size >= 0)))[0])
+        raise FxDataError(f"OFI {partition}: trades.size invalid ({t_size[r]}) at trade {r}")
+    if t_sign.size and not np.isin(t_sign, (-1, 0, 1)).all():
+        raise FxDataError(f"OFI {partition}: trades.sign must be in {{-1, 0, +1}}")
+
+    tau = np.ascontiguousarray(bar_ts_close, dtype=np.int64)
+    inst = np.ascontiguousarray(bar_instrument).astype(np.int64)
+    n = tau.shape[0]
+    if inst.shape[0] != n:
+        raise FxDataError(f"OFI {partition}: bar_instrument length {inst.shape[0]} != bars {n}")
+    _check_sorted(tau, "bar_ts_close")
+    if not 0 <= n_warmup <= n:
+        raise FxDataError(f"OFI {partition}: n_warmup={n_warmup} outside [0, {n}]")
+
+    # Event windows (τ_{j-1}, τ_j]: side="right" puts an event at τ_j in bar j and one at
+    # τ_j + 1 ns in bar j+1 (the predecessor's off-by-one put bar t+1's window on bar t).
+    snap_hi = np.searchsorted(b_ts, tau, side="right").astype(np.int64)
+    trd_hi = np.searchsorted(t_ts, tau, side="right").astype(np.int64)
+    if ts_window_start is None:
+        s_lo0, t_lo0 = 0, 0
+    else:
+        s_lo0 = int(np.searchsorted(b_ts, ts_window_start, side="right"))
+        t_lo0 = int(np.searchsorted(t_ts, ts_window_start, side="right"))
+    snap_lo = np.empty(n, np.int64)
+    trd_lo = np.empty(n, np.int64)
+    if n:
+        snap_lo[0], trd_lo[0] = s_lo0, t_lo0
+        snap_lo[1:], trd_lo[1:] = snap_hi[:-1], trd_hi[:-1]
+
+    reset = np.zeros(n, np.bool_)
+    if n:
+        reset[0] = True
+        reset[1:] = inst[1:] != inst[:-1]
+    if bar_reset is not None:
+        br = np.asarray(bar_reset, dtype=np.bool_)
+        if br.shape != (n,):
+            raise FxDataError(f"OFI {partition}: bar_reset has shape {br.shape}, expected ({n},)")
+        reset |= br
+    idx = np.arange(n, dtype=np.int64)
+    seg_start = np.maximum.accumulate(np.where(reset, idx, 0)) if n else idx
+    seg_snap_lo = snap_lo[seg_start]
+    seg_trd_lo = trd_lo[seg_start]
+
+    # Cumulative volume / signed volume over the call (differences only are used: exact for
+    # integer sizes, so VPIN does not depend on where the arrays start).
+    t_sign_f = t_sign.astype(np.float64)
+    cumv = np.cumsum(t_size)
+    cumd = np.cumsum(t_size * t_sign_f)
+
+    loc = np.zeros((n, _N_LOC))
+    asof = np.full(n, -1, np.int64)
+    names = _kernel_names(cfg)
+    out = np.empty((n, len(names)))
+    decay_ns = cfg.hawkes_decay_s * NS_PER_S
+    ti_w = np.asarray(cfg.trade_imbalance_windows, dtype=np.int64)
+    workers = cfg.workers
+    k = cfg.n_shards if cfg.n_shards > 0 else 4 * workers
+    shards = _shard_bounds(n, max(1, min(k, n)))
+
+    def ev(bounds: tuple[int, int]) -> None:
+        _event_pass_nb(
+            b_ts, arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], valid,
+            t_ts, t_size, t_sign, snap_lo, snap_hi, trd_lo, trd_hi, seg_snap_lo, tau, reset,
+            L, float(cfg.rv_return_scale), decay_ns, bounds[0], bounds[1], loc, asof,
+        )  # fmt: skip
+
+    def bp(bounds: tuple[int, int]) -> None:
+        _bar_pass_nb(
+            arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], arr["bid_ct"],
+            arr["ask_ct"], loc, asof, tau, ts_window_start is not None,
+            np.int64(ts_window_start if ts_window_start is not None else 0), seg_start,
+            seg_trd_lo, trd_hi, cumv, cumd, t_sign_f, L, float(tick_size),
+            float(cfg.vpin_bucket_volume), cfg.vpin_buckets, cfg.kyle_window, cfg.kyle_min_bars,
+            float(cfg.rv_return_scale), ti_w, decay_ns, cfg.hawkes_bars, bounds[0], bounds[1],
+            out,
+        )  # fmt: skip
+
+    if workers <= 1 or len(shards) <= 1:
+        for s in shards:
+            ev(s)
+        for s in shards:
+            bp(s)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(ev, shards))
+            list(pool.map(bp, shards))
+
+    cols: dict[str, F64] = {nm: out[:, i] for i, nm in enumerate(names)}
+    # Lag-1 deltas within a segment (NaN at its first bar).
+    for base in _DELTA_OF:
+        x = cols[base]
+        d = np.full(n, np.nan)
+        if n > 1:
+            d[1:] = x[1:] - x[:-1]
+        d[reset] = np.nan
+        cols[f"d_{base}"] = d
+    order = list(ofi_feature_registry(cfg))
+    w = cfg.effective_warmup_bars
+    bsr = np.minimum(idx - seg_start, w).astype(np.int32)
+    sl = slice(n_warmup, n)
+    return OfiFeatures(
+        ts_close=tau[sl].copy(),
+        bars_since_reset=bsr[sl].copy(),
+        columns={nm: np.ascontiguousarray(cols[nm][sl]) for nm in order},
+        config=cfg,
+        tick_size=float(tick_size),
+        meta={"fx.partition": partition},
+    )
+
+
+def ofi_warmup_bars(prev_bar_volume: npt.ArrayLike, config: OfiConfig) -> int:
+    """Trailing bars of the previous partition to replay (``n_warmup``) for exact continuity.
+
+    At least ``config.effective_warmup_bars`` (bar-count windows, deltas) and enough bars to
+    hold ``vpin_buckets · vpin_bucket_volume`` contracts (VPIN), plus one bar of margin for
+    trades sharing the boundary timestamp; capped at the number of bars available.
+    """
+    v = np.asarray(prev_bar_volume, dtype=np.float64)
+    need = config.vpin_buckets * config.vpin_bucket_volume
+    csum = np.cumsum(v[::-1])
+    k_vpin = int(np.searchsorted(csum, need, side="left")) + 2
+    return int(min(v.shape[0], max(config.effective_warmup_bars, k_vpin)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_ofi(table: OfiFeatures | pa.Table, partition: str) -> None:
+    """Raise FxDataError (naming partition, feature, bar) unless the table is sound.
+
+    Checks: every registry column present; no ±inf; NaN only in a leading run of a reset
+    segment (and only for features that allow warm-up NaN); finite values inside the
+    documented bounds; book events present at all (``n_book_events``) and OFI not identically
+    zero when they are (the predecessor accepted an all-zero OFI cache silently).
+    """
+    t = OfiFeatures.from_arrow(table) if isinstance(table, pa.Table) else table
+    reg = ofi_feature_registry(t.config)
+    n = len(t)
+    seg_first = t.bars_since_reset == 0
+    if n:
+        seg_first = seg_first.copy()
+        seg_first[0] = True
+
+    def where(j: int) -> str:
+        return f"bar {j} (ts_close={int(t.ts_close[j])})"
+
+    for name, spec in reg.items():
+        if name not in t.columns:
+            raise FxDataError(f"ofi_features {partition}: feature column {name} missing")
+        x = t.columns[name]
+        if x.shape != (n,):
+            raise FxDataError(f"ofi_features {partition}: feature {name} has shape {x.shape}")
+        inf = np.isinf(x)
+        if inf.any():
+            j = int(np.flatnonzero(inf)[0])
+            raise FxDataError(f"ofi_features {partition}: feature {name} is ±inf at {where(j)}")
+        nan = np.isnan(x)
+        if nan.any():
+            if not spec.nan_prefix:
+                j = int(np.flatnonzero(nan)[0])
+                raise FxDataError(
+                    f"ofi_features {partition}: feature {name} is NaN at {where(j)} (no warm-up NaN allowed)"
+                )
+            # NaN allowed while no finite value has been seen since the segment start.
+            fin = ~nan
+            seg_id = np.cumsum(seg_first) - 1
+            first_fin = np.full(int(seg_id[-1]) + 1, n, np.int64)
+            fj = np.flatnonzero(fin)
+            np.minimum.at(first_fin, seg_id[fj], fj)
+            seen = np.arange(n) > first_fin[seg_id]
+            bad = nan & seen
+            if bad.any():
+                j = int(np.flatnonzero(bad)[0])
+                raise FxDataError(
+                    f"ofi_features {partition}: feature {name} is NaN after its warm-up at {where(j)}"
+                )
+        fin = ~nan
+        tol = 1e-9 * max(1.0, abs(spec.lower) if math.isfinite(spec.lower) else 1.0)
+        out = fin & ((x < spec.lower - tol) | (x > spec.upper + tol))
+        if out.any():
+            j = int(np.flatnonzero(out)[0])
+            raise FxDataError(
+                f"ofi_features {partition}: feature {name} = {x[j]!r} outside its bounds "
+                f"[{spec.lower}, {spec.upper}] at {where(j)}"
+            )
+    nbook = t.columns["n_book_events"]
+    if n and nbook.sum() == 0:
+        raise FxDataError(
+            f"ofi_features {partition}: feature n_book_events is 0 on all {n} bars (from "
+            f"{where(0)}): no book data reached the OFI kernel"
+        )
+    if n and nbook.sum() >= 2:
+        zero = all(not np.any(t.columns[f] != 0.0) for f in ("ofi_l1", "mlofi_1_5", "mlofi_1_10"))
+        if zero:
+            j = int(np.flatnonzero(nbook > 0)[0])
+            raise FxDataError(
+                f"ofi_features {partition}: feature ofi_l1 (and mlofi) is all zero although "
+                f"{int(nbook.sum())} book events exist (first at {where(j)}): OFI not computed"
+            )
+
+
+def feature_names(config: OfiConfig | None = None) -> Sequence[str]:
+    """Output feature columns in order."""
+    return list(ofi_feature_registry(config))

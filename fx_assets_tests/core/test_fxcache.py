@@ -1,0 +1,352 @@
+"""fxcache: round trips in each dtype, zero-copy load, every validation failure, atomic write,
+parquet export."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fx_assets.core import fxcache
+from fx_assets.core.errors import FxCacheError, FxDataError
+from fx_assets.core.fxcache import (
+    HEADER_SIZE,
+    DType,
+    bf16_bits_to_f64,
+    describe_fxcache,
+    f32_to_bf16_bits,
+    open_fxcache,
+    read_header,
+    write_fxcache,
+)
+
+KEY = bytes(range(32))
+N = 1000
+FEATURES = ["ret_1", "rsi_14", "vol_20"]
+PRICES = ["open", "close", "mid_open", "duration_s"]
+OFI = ["ofi_l1", "ofi_l5"]
+
+
+def make_columns(n: int = N, seed: int = 0, ofi: bool = True) -> dict[str, tuple[list[str], np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    close = 5000.0 + np.cumsum(rng.normal(0, 0.25, n))
+    cols = {
+        "feature": (FEATURES, rng.normal(size=(n, 3))),
+        "price": (PRICES, np.column_stack([close - 0.25, close, close - 0.125, rng.uniform(1, 60, n)])),
+    }
+    if ofi:
+        cols["ofi"] = (OFI, rng.normal(size=(n, 2)))
+    return cols
+
+
+def make_ts(n: int = N) -> np.ndarray:
+    return 1_704_150_000_000_000_000 + np.arange(n, dtype=np.int64) * 1_000_000_000
+
+
+def write(path: Path, dtype: DType = "f32", n: int = N, ofi: bool = True, **kw: Any) -> Path:
+    return write_fxcache(
+        path, make_ts(n), make_columns(n, ofi=ofi), dtype, KEY, {"partition": "2024-Q1|ES.FUT"}, **kw
+    )
+
+
+def all_values(cols: dict[str, tuple[list[str], np.ndarray]]) -> np.ndarray:
+    return np.concatenate([cols[g][1] for g in ("feature", "price", "ofi") if g in cols], axis=1)
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_round_trip(tmp_path: Path, dtype: DType) -> None:
+    cols = make_columns()
+    p = write_fxcache(
+        tmp_path / "a.fxcache", make_ts(), cols, dtype, KEY, {"partition": "2024-Q1|ES.FUT"}, chunk_rows=77
+    )
+    expected = all_values(cols)
+    with open_fxcache(p) as fc:
+        assert fc.n_bars == N and fc.dtype == dtype and fc.has_ofi and fc.cache_key == KEY
+        assert fc.header.row_width == 16 and fc.values.shape == (N, 16)  # 9 columns padded to 16
+        np.testing.assert_array_equal(fc.ts, make_ts())
+        assert fc.column_names == FEATURES + PRICES + OFI
+        assert fc.group("price") == slice(3, 7) and fc.group_names("ofi") == OFI
+        assert fc.meta == {"partition": "2024-Q1|ES.FUT"}
+        got = fc.decoded()
+        if dtype == "f64":
+            np.testing.assert_array_equal(got, expected)
+        elif dtype == "f32":
+            np.testing.assert_array_equal(got, expected.astype(np.float32).astype(np.float64))
+        else:
+            # bf16 keeps 8 significant bits: relative error <= 2^-8 after round-to-nearest
+            assert fc.values.dtype == np.uint16
+            np.testing.assert_array_equal(got, bf16_bits_to_f64(f32_to_bf16_bits(expected)))
+            assert np.all(np.abs(got - expected) <= np.abs(expected) * 2.0**-8 * (1 + 1e-6))
+        for i, name in enumerate(fc.column_names):
+            np.testing.assert_array_equal(fc.column(name), got[:, i])
+        # padding columns are zero
+        assert not np.any(fc.values[:, 9:])
+
+
+def test_bf16_round_to_nearest_even_on_hand_values() -> None:
+    # 1.0 = 0x3F80_0000. The bf16 spacing at 1.0 is 2^-7; the low 16 bits decide rounding.
+    cases = {
+        1.0: 0x3F80,
+        1.0 + 2.0**-8: 0x3F80,  # exactly half way (0x3F80_8000): tie -> even (0x3F80)
+        1.0 + 3 * 2.0**-8: 0x3F82,  # half way between 0x3F81 and 0x3F82: tie -> even (0x3F82)
+        1.0 + 2.0**-8 + 2.0**-20: 0x3F81,  # just above half way: up
+        1.0 + 2.0**-8 - 2.0**-20: 0x3F80,  # just below: down
+        -2.0: 0xC000,
+        0.0: 0x0000,
+        3.0e38: 0x7F62,  # large but finite
+    }
+    x = np.array(list(cases), dtype=np.float32)
+    got = f32_to_bf16_bits(x)
+    assert [hex(v) for v in got] == [hex(v) for v in cases.values()]
+    assert bf16_bits_to_f64(np.array([0x3F81], dtype=np.uint16))[0] == 1.0 + 2.0**-7
+    # above the largest bf16 rounds to inf; NaN stays NaN
+    assert np.isinf(bf16_bits_to_f64(f32_to_bf16_bits(np.float32(3.4e38))))[()]
+    assert np.isnan(bf16_bits_to_f64(f32_to_bf16_bits(np.float32(np.nan))))[()]
+
+
+def test_zero_copy_load(tmp_path: Path) -> None:
+    p = write(tmp_path / "z.fxcache", "f64")
+    fc = open_fxcache(p)
+    h = fc.header
+    for arr in (fc.ts, fc.values):
+        assert not arr.flags.owndata and not arr.flags.writeable
+        assert np.shares_memory(arr, fc._raw)
+    # the arrays are the file's pages: a write to the file shows through the open mapping
+    with open(p, "r+b") as fh:
+        fh.seek(h.values_offset)
+        fh.write(struct.pack("<d", 12345.5))
+    assert fc.values[0, 0] == 12345.5
+    assert fc.values.ctypes.data % 64 == 0 and fc.ts.ctypes.data % 64 == 0  # 64-byte aligned blocks
+
+
+def test_empty_file_and_no_ofi(tmp_path: Path) -> None:
+    p = write(tmp_path / "e.fxcache", "f32", n=0, ofi=False)
+    with open_fxcache(p) as fc:
+        assert fc.n_bars == 0 and not fc.has_ofi and fc.values.shape == (0, 8)
+        assert fc.group("ofi") == slice(7, 7)
+    p = write(tmp_path / "n.fxcache", "bf16", n=50, ofi=False)
+    with open_fxcache(p) as fc:
+        assert not fc.has_ofi and fc.header.n_ofi == 0
+
+
+# --- validation failures -------------------------------------------------------------------------
+
+
+def patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def expect_error(path: Path, match: str) -> None:
+    with pytest.raises(FxCacheError, match=match) as info:
+        open_fxcache(path)
+    assert str(path) in str(info.value)
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    p = write(tmp_path / "m.fxcache")
+    patch(p, 0, b"NOTCACHE")
+    expect_error(p, "bad magic")
+
+
+def test_bad_version(tmp_path: Path) -> None:
+    p = write(tmp_path / "v.fxcache")
+    patch(p, 8, struct.pack("<H", 99))
+    expect_error(p, "format version 99")
+
+
+def test_truncated(tmp_path: Path) -> None:
+    p = write(tmp_path / "t.fxcache")
+    data = p.read_bytes()
+    p.write_bytes(data[:-100])
+    expect_error(p, "truncated")
+    p.write_bytes(data[:100])  # not even a whole header
+    expect_error(p, "truncated")
+
+
+def test_size_mismatch(tmp_path: Path) -> None:
+    p = write(tmp_path / "s.fxcache")
+    with open(p, "ab") as fh:
+        fh.write(b"\0" * 64)
+    expect_error(p, "size mismatch")
+    p = write(tmp_path / "s2.fxcache")
+    h = read_header(p)
+    patch(p, 32, struct.pack("<Q", h.n_bars + 1))  # bar count no longer matches the offsets
+    expect_error(p, "size mismatch")
+
+
+def test_schema_hash_mismatch(tmp_path: Path) -> None:
+    p = write(tmp_path / "h.fxcache")
+    data = p.read_bytes()
+    assert data.count(b'"rsi_14"') == 1
+    p.write_bytes(data.replace(b'"rsi_14"', b'"rsi_15"'))  # same length, other column name
+    expect_error(p, "schema hash mismatch")
+
+
+def test_trailer_disagreeing_with_header(tmp_path: Path) -> None:
+    p = write(tmp_path / "g.fxcache")
+    data = p.read_bytes()
+    p.write_bytes(data.replace(b'"group": "price"', b'"group": "ofi__"', 1))
+    expect_error(p, "do not match the header")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_non_finite_value(tmp_path: Path, bad: float, dtype: DType) -> None:
+    p = write(tmp_path / "f.fxcache", dtype, chunk_rows=100)
+    h = read_header(p)
+    row, col = 777, 4
+    if dtype == "bf16":
+        raw = f32_to_bf16_bits(np.float32(bad)).tobytes()
+    else:
+        raw = np.array(bad, dtype=fxcache.STORAGE[dtype]).tobytes()
+    patch(p, h.values_offset + (row * h.row_width + col) * h.itemsize, raw)
+    expect_error(p, f"column 'close' at bar {row}")
+    with open_fxcache(p, verify_finite=False) as fc:  # the check can be skipped ...
+        assert not np.isfinite(fc.column("close")[row])
+    assert describe_fxcache(p)["finite"] is False  # ... and inspect still shows the file
+
+
+def test_has_ofi_set_with_all_zero_ofi(tmp_path: Path) -> None:
+    p = write(tmp_path / "o.fxcache", "f32")
+    h = read_header(p)
+    with open(p, "r+b") as fh:  # zero the OFI columns in place; the flag stays set
+        for row in range(h.n_bars):
+            fh.seek(h.values_offset + (row * h.row_width + 7) * h.itemsize)
+            fh.write(bytes(2 * h.itemsize))
+    expect_error(p, "has_ofi flag is set but its 2 OFI columns are all zero")
+
+
+def test_has_ofi_set_without_ofi_columns(tmp_path: Path) -> None:
+    p = write(tmp_path / "o2.fxcache", "f32", ofi=False)
+    patch(p, 12, struct.pack("<I", 1))
+    expect_error(p, "has_ofi flag is set but has no OFI columns")
+
+
+def test_has_ofi_clear_with_ofi_present(tmp_path: Path) -> None:
+    p = write(tmp_path / "o3.fxcache", "f32")
+    patch(p, 12, struct.pack("<I", 0))
+    expect_error(p, "has_ofi flag is clear but the file carries 2 OFI columns")
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    expect_error(tmp_path / "absent.fxcache", "cannot read")
+
+
+# --- writer ----------------------------------------------------------------------------------------
+
+
+def test_writer_refuses_bad_input(tmp_path: Path) -> None:
+    p = tmp_path / "w.fxcache"
+    cols = make_columns()
+    cols["feature"][1][5, 1] = np.nan
+    with pytest.raises(FxDataError, match="column 'rsi_14' at bar 5"):
+        write_fxcache(p, make_ts(), cols, "f32", KEY, {})
+    cols = make_columns()
+    cols["price"][1][9, 0] = 1e39  # finite in f64, inf once stored as f32
+    with pytest.raises(FxDataError, match="column 'open' at bar 9"):
+        write_fxcache(p, make_ts(), cols, "f32", KEY, {})
+    cols = make_columns()
+    cols["ofi"][1][:] = 0.0
+    with pytest.raises(FxDataError, match="all zero"):
+        write_fxcache(p, make_ts(), cols, "f32", KEY, {})
+    with pytest.raises(FxDataError, match="decreases at bar 3"):
+        write_fxcache(p, make_ts()[[0, 1, 2, 1]], make_columns(4), "f32", KEY, {})
+    with pytest.raises(FxDataError, match="repeated"):
+        write_fxcache(p, make_ts(2), {"feature": (["a", "a"], np.ones((2, 2)))}, "f32", KEY, {})
+    with pytest.raises(FxDataError, match="shape"):
+        write_fxcache(p, make_ts(3), {"feature": (["a"], np.ones((2, 1)))}, "f32", KEY, {})
+    assert not any(tmp_path.iterdir())
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "atomic.fxcache"
+    write(p, "f32")
+    before = p.read_bytes()
+    calls = {"n": 0}
+    real = fxcache._encode_chunk
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("disk on fire")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fxcache, "_encode_chunk", failing)
+    cols = make_columns(seed=1)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_fxcache(p, make_ts(), cols, "f32", KEY, {}, chunk_rows=100)
+    assert calls["n"] == 3
+    assert [x.name for x in tmp_path.iterdir()] == ["atomic.fxcache"]  # no temp file left behind
+    assert p.read_bytes() == before  # the earlier output is intact
+    # and a fresh path gets nothing at all
+    calls["n"] = 0
+    with pytest.raises(RuntimeError):
+        write_fxcache(tmp_path / "new.fxcache", make_ts(), cols, "f32", KEY, {}, chunk_rows=100)
+    assert [x.name for x in tmp_path.iterdir()] == ["atomic.fxcache"]
+
+
+def test_streaming_writer_memory_is_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    real = fxcache._encode_chunk
+
+    def spy(block: np.ndarray, *a: Any) -> Any:
+        sizes.append(block.shape[0])
+        return real(block, *a)
+
+    monkeypatch.setattr(fxcache, "_encode_chunk", spy)
+    write(tmp_path / "c.fxcache", "f64", chunk_rows=128)
+    assert max(sizes) == 128 and sum(sizes) == N
+
+
+# --- export / describe ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_parquet_export_equals_data(tmp_path: Path, dtype: DType) -> None:
+    p = write(tmp_path / "x.fxcache", dtype)
+    with open_fxcache(p) as fc:
+        out = fc.export_parquet(tmp_path / "x.parquet")
+        table = pq.read_table(out)
+        assert table.column_names == ["ts_close", *fc.column_names]
+        np.testing.assert_array_equal(table.column("ts_close").to_numpy(), fc.ts)
+        for name in fc.column_names:
+            np.testing.assert_array_equal(table.column(name).to_numpy(), fc.column(name))
+        meta = table.schema.metadata
+        assert meta[b"fx.cache_key"] == KEY.hex().encode()
+        assert json.loads(meta[b"fx.meta"]) == {"partition": "2024-Q1|ES.FUT"}
+        assert table.schema.field("ofi_l1").metadata == {b"fx.group": b"ofi"}
+    expected = all_values(make_columns())
+    if dtype == "f64":
+        np.testing.assert_array_equal(table.column("close").to_numpy(), expected[:, 4])
+
+
+def test_describe(tmp_path: Path) -> None:
+    p = write(tmp_path / "d.fxcache", "f64")
+    d = describe_fxcache(p)
+    vals = all_values(make_columns())
+    assert d["header"]["n_bars"] == N and d["header"]["has_ofi"] is True
+    assert d["header"]["cache_key"] == KEY.hex() and d["finite"] is True
+    assert d["file_bytes"] == p.stat().st_size and d["ts_first"] == make_ts()[0]
+    for i, c in enumerate(d["columns"]):
+        assert c["min"] == vals[:, i].min() and c["max"] == vals[:, i].max() and c["nan"] == 0
+        assert c["mean"] == pytest.approx(vals[:, i].mean(), rel=1e-12)
+
+
+def test_header_is_fixed_size_and_blocks_aligned(tmp_path: Path) -> None:
+    p = write(tmp_path / "l.fxcache", "bf16", n=13)
+    h = read_header(p)
+    assert h.ts_offset == HEADER_SIZE == 192
+    assert h.values_offset % 64 == 0 and h.trailer_offset % 64 == 0
+    assert h.values_offset == 192 + 128  # 13 * 8 = 104 bytes of ts, padded to 128
+    assert h.trailer_offset + h.trailer_length == p.stat().st_size
+    assert h.header_size == HEADER_SIZE

@@ -1,0 +1,595 @@
+"""Tests of fx_assets.core.ofi: plain-Python references, causality, mirror, identities,
+sharding, partition continuity and validation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.ofi import (
+    BookArrays,
+    OfiConfig,
+    OfiFeatures,
+    TradeArrays,
+    book_state_row,
+    compute_ofi_features,
+    ofi_feature_registry,
+    ofi_warmup_bars,
+    validate_ofi,
+)
+
+TICK = 2.0**-13  # binary-exact tick so that p -> 2c - p is exact in float64
+LEV = 10
+
+
+def small_cfg(**kw: object) -> OfiConfig:
+    base: dict[str, object] = dict(
+        vpin_bucket_volume=30.0,
+        vpin_buckets=5,
+        kyle_window=10,
+        kyle_min_bars=5,
+        trade_imbalance_windows=(1, 3, 6),
+        hawkes_bars=8,
+        hawkes_decay_s=0.5,
+        n_shards=1,
+        n_workers=1,
+    )
+    base.update(kw)
+    return OfiConfig(**base)
+
+
+# ------------------------------------------------------------------------------------------
+# Synthetic market
+# ------------------------------------------------------------------------------------------
+
+
+def make_market(
+    seed: int, n_snap: int = 2000, n_trades: int = 900, n_bars: int = 90, roll_at: int | None = 45
+) -> tuple[BookArrays, TradeArrays, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t0 = 1_700_000_000_000_000_000
+    b_ts = t0 + np.sort(rng.integers(0, 60_000_000_000, n_snap))
+    best = 9000 + np.cumsum(rng.integers(-1, 2, n_snap))  # best bid in ticks
+    spread = rng.choice([1, 1, 1, 2, 3], n_snap)
+    gaps_b = rng.choice([1, 1, 1, 2], (n_snap, LEV))
+    gaps_a = rng.choice([1, 1, 1, 2], (n_snap, LEV))
+    gaps_b[:, 0] = 0
+    gaps_a[:, 0] = 0
+    bid_k = best[:, None] - np.cumsum(gaps_b, axis=1)
+    ask_k = (best + spread)[:, None] + np.cumsum(gaps_a, axis=1)
+    bid_px = bid_k * TICK
+    ask_px = ask_k * TICK
+    # Missing deep levels (thin book) on some snapshots.
+    for side in (bid_px, ask_px):
+        thin = rng.random(n_snap) < 0.15
+        depth = rng.integers(2, LEV, n_snap)
+        for i in np.flatnonzero(thin):
+            side[i, depth[i] :] = np.nan
+    bid_sz = rng.integers(1, 60, (n_snap, LEV)).astype(float)
+    ask_sz = rng.integers(1, 60, (n_snap, LEV)).astype(float)
+    bid_ct = rng.integers(1, 9, (n_snap, LEV)).astype(float)
+    ask_ct = rng.integers(1, 9, (n_snap, LEV)).astype(float)
+    # A few crossed / one-sided snapshots that must be dropped.
+    bad = rng.choice(n_snap, 6, replace=False)
+    bid_px[bad[:3], 0] = ask_px[bad[:3], 0] + TICK
+    ask_px[bad[3:], 0] = np.nan
+    book = BookArrays(b_ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct)
+
+    t_ts = t0 + np.sort(rng.integers(0, 60_000_000_000, n_trades))
+    if n_trades > 13:
+        t_ts[10:13] = t_ts[10]  # same-ns trades
+    size = rng.integers(1, 15, n_trades).astype(float)
+    sign = rng.choice(np.array([-1, 1, 1, -1, 0], np.int8), n_trades)
+    price = 1.1 + np.zeros(n_trades)
+    trades = TradeArrays(t_ts, price, size, sign)
+
+    closes = np.sort(rng.choice(np.arange(min(20, n_trades // 3), n_trades - 1), n_bars - 1, replace=False))
+    tau = np.append(t_ts[closes], t_ts[-1])
+    tau = np.maximum.accumulate(tau)
+    inst = np.ones(n_bars, np.uint32)
+    if roll_at is not None:
+        inst[roll_at:] = 2
+    # A bar with no book event: drop the snapshots of bar 30's window.
+    if n_bars > 30:
+        keep = ~((b_ts > tau[29]) & (b_ts <= tau[30]))
+        book = BookArrays(*(getattr(book, f)[keep] for f in BookArrays.__dataclass_fields__))
+    return book, trades, tau, inst
+
+
+def run(book, trades, tau, inst, cfg=None, **kw):
+    return compute_ofi_features(book, trades, tau, inst, cfg or small_cfg(), tick_size=TICK, **kw)
+
+
+def assert_same(a: OfiFeatures, b: OfiFeatures, tol: float = 0.0, rows: slice = slice(None)) -> None:
+    for k in a.columns:
+        x, y = a.columns[k][rows], b.columns[k][rows]
+        assert np.array_equal(np.isnan(x), np.isnan(y)), k
+        m = ~np.isnan(x)
+        d = np.max(np.abs(x[m] - y[m]), initial=0.0)
+        assert d <= tol, (k, d)
+
+
+# ------------------------------------------------------------------------------------------
+# Plain-Python reference of CKS / MLOFI / imbalances
+# ------------------------------------------------------------------------------------------
+
+
+def ref_ofi(book: BookArrays, tau: np.ndarray, inst: np.ndarray, L: int = LEV) -> dict[str, list[float]]:
+    def lvl(px: float, sz: float, bid: bool) -> tuple[float, float]:
+        if math.isnan(px):
+            return (-math.inf if bid else math.inf), 0.0
+        return px, sz
+
+    out: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "ofi_l1",
+            "ofi_l1_norm",
+            "mlofi_1_5",
+            "mlofi_1_10",
+            "l1_imbalance",
+            "depth_imbalance_5",
+            "depth_imbalance_10",
+        )
+    }
+    prev = None
+    last = None
+    for j in range(len(tau)):
+        if j == 0 or inst[j] != inst[j - 1]:
+            prev = None
+            last = None
+        lo = -(2**62) if j == 0 else tau[j - 1]
+        ofi = [0.0] * L
+        d1 = d5 = dl = 0.0
+        ns = 0
+        for i in range(len(book.ts)):
+            if not (lo < book.ts[i] <= tau[j]):
+                continue
+            b0, a0 = book.bid_px[i, 0], book.ask_px[i, 0]
+            if math.isnan(b0) or math.isnan(a0) or b0 > a0:
+                continue
+            ns += 1
+            for m in range(L):
+                pb, qb = lvl(book.bid_px[i, m], book.bid_sz[i, m], True)
+                pa, qa = lvl(book.ask_px[i, m], book.ask_sz[i, m], False)
+                d1 += (qb + qa) / 2 if m == 0 else 0.0
+                d5 += (qb + qa) / 2 if m < 5 else 0.0
+                dl += (qb + qa) / 2
+                if prev is not None:
+                    ppb, pqb = lvl(book.bid_px[prev, m], book.bid_sz[prev, m], True)
+                    ppa, pqa = lvl(book.ask_px[prev, m], book.ask_sz[prev, m], False)
+                    e = (qb if pb >= ppb else 0) - (pqb if pb <= ppb else 0)
+                    e += -(qa if pa <= ppa else 0) + (pqa if pa >= ppa else 0)
+                    ofi[m] += e
+            prev = i
+            last = i
+        out["ofi_l1"].append(ofi[0])
+        out["ofi_l1_norm"].append(ofi[0] / (d1 / ns) if ns and d1 > 0 else 0.0)
+        out["mlofi_1_5"].append(sum(ofi[:5]) / (d5 / (ns * 5)) if ns and d5 > 0 else 0.0)
+        out["mlofi_1_10"].append(sum(ofi) / (dl / (ns * L)) if ns and dl > 0 else 0.0)
+        if last is None:
+            for k in ("l1_imbalance", "depth_imbalance_5", "depth_imbalance_10"):
+                out[k].append(math.nan)
+            continue
+        vb = [0.0 if math.isnan(book.bid_px[last, m]) else book.bid_sz[last, m] for m in range(L)]
+        va = [0.0 if math.isnan(book.ask_px[last, m]) else book.ask_sz[last, m] for m in range(L)]
+        out["l1_imbalance"].append((vb[0] - va[0]) / (vb[0] + va[0]))
+        out["depth_imbalance_5"].append(
+            sum(b - a for b, a in zip(vb[:5], va[:5], strict=True))
+            / sum(b + a for b, a in zip(vb[:5], va[:5], strict=True))
+        )
+        out["depth_imbalance_10"].append(
+            sum(b - a for b, a in zip(vb, va, strict=True)) / sum(b + a for b, a in zip(vb, va, strict=True))
+        )
+    return out
+
+
+def test_reference_equals_kernel_small_handmade_book() -> None:
+    book, trades, tau, inst = make_market(1, n_snap=34, n_trades=40, n_bars=5, roll_at=None)
+    # make bar windows land on the snapshots: 5 bars over the book's time span
+    tau = np.quantile(book.ts, [0.15, 0.4, 0.6, 0.85, 1.0]).astype(np.int64)
+    tau[-1] = book.ts[-1]
+    f = run(book, trades, tau, inst[:5])
+    ref = ref_ofi(book, tau, inst[:5])
+    for k, v in ref.items():
+        np.testing.assert_array_equal(f.columns[k], np.array(v), err_msg=k)
+    assert np.any(f.columns["ofi_l1"] != 0) and np.any(f.columns["mlofi_1_10"] != f.columns["ofi_l1"])
+
+
+def test_reference_equals_kernel_with_roll_and_empty_bar() -> None:
+    book, trades, tau, inst = make_market(2, n_snap=600, n_trades=300, n_bars=30, roll_at=12)
+    f = run(book, trades, tau, inst)
+    ref = ref_ofi(book, tau, inst)
+    for k, v in ref.items():
+        np.testing.assert_array_equal(f.columns[k], np.array(v), err_msg=k)
+
+
+def _two_snapshot_ofi(
+    prev: tuple[float, float, float, float], cur: tuple[float, float, float, float]
+) -> float:
+    """ofi_l1 of one bar holding the snapshots prev → cur, (Pb, Qb, Pa, Qa), tick 1."""
+    n = 2
+    px = np.full((n, 5), np.nan)
+    bid_px, ask_px = px.copy(), px.copy()
+    bid_sz, ask_sz = np.zeros((n, 5)), np.zeros((n, 5))
+    for i, (pb, qb, pa, qa) in enumerate((prev, cur)):
+        bid_px[i, 0], bid_sz[i, 0], ask_px[i, 0], ask_sz[i, 0] = pb, qb, pa, qa
+    book = BookArrays(np.array([10, 20]), bid_px, ask_px, bid_sz, ask_sz, np.ones((n, 5)), np.ones((n, 5)))
+    trades = TradeArrays(np.array([15]), np.array([100.5]), np.array([1.0]), np.array([1], np.int8))
+    cfg = OfiConfig(levels=5, n_shards=1, n_workers=1)
+    f = compute_ofi_features(book, trades, np.array([30]), np.array([1], np.uint32), cfg, tick_size=1.0)
+    # Levels 2..5 absent in both snapshots: MLOFI sum = level-1 OFI; Q̄^5 = Σ L1 depth / (2·2·5).
+    q5 = (prev[1] + prev[3] + cur[1] + cur[3]) / 2 / (2 * 5)
+    assert f.columns["mlofi_1_5"][0] == f.columns["ofi_l1"][0] / q5
+    return float(f.columns["ofi_l1"][0])
+
+
+@pytest.mark.parametrize(
+    ("cur", "expected"),
+    [
+        ((101, 7, 102, 20), +7),  # bid up: +Qb_n
+        ((100, 15, 102, 20), +5),  # bid unchanged: +ΔQb
+        ((99, 30, 102, 20), -10),  # bid down: −Qb_{n−1}
+        ((100, 10, 103, 5), +20),  # ask up: +Qa_{n−1}
+        ((100, 10, 102, 25), -5),  # ask unchanged: −ΔQa
+        ((100, 10, 101, 8), -8),  # ask down: −Qa_n
+        ((101, 4, 101.5, 6), +4 - 6),  # both improve: +Qb_n − Qa_n
+    ],
+)
+def test_cks_table_hand_checked(cur: tuple[float, float, float, float], expected: float) -> None:
+    assert _two_snapshot_ofi((100, 10, 102, 20), cur) == expected
+
+
+# ------------------------------------------------------------------------------------------
+# Causality
+# ------------------------------------------------------------------------------------------
+
+
+def _cut(book: BookArrays, trades: TradeArrays, t: int) -> tuple[BookArrays, TradeArrays]:
+    kb = book.ts <= t
+    kt = trades.ts <= t
+    return (
+        BookArrays(*(getattr(book, f)[kb] for f in BookArrays.__dataclass_fields__)),
+        TradeArrays(*(getattr(trades, f)[kt] for f in TradeArrays.__dataclass_fields__)),
+    )
+
+
+def _alter_after(book: BookArrays, trades: TradeArrays, t: int, seed: int) -> tuple[BookArrays, TradeArrays]:
+    rng = np.random.default_rng(seed)
+    mb = book.ts > t
+    bid_sz = book.bid_sz.copy()
+    bid_sz[mb] = rng.integers(1, 500, bid_sz[mb].shape)
+    bid_px = book.bid_px.copy()
+    bid_px[mb] -= 3 * TICK
+    size = trades.size.copy()
+    sign = trades.sign.copy()
+    mt = trades.ts > t
+    size[mt] = rng.integers(1, 90, mt.sum())
+    sign[mt] = -sign[mt]
+    return replace(book, bid_sz=bid_sz, bid_px=bid_px), replace(trades, size=size, sign=sign)
+
+
+def test_truncation_and_alteration_after_close_change_nothing_before() -> None:
+    book, trades, tau, inst = make_market(3)
+    full = run(book, trades, tau, inst)
+    rng = np.random.default_rng(0)
+    for t in rng.choice(np.arange(5, len(tau) - 2), 6, replace=False):
+        rows = slice(0, t + 1)
+        cb, ct = _cut(book, trades, int(tau[t]))
+        assert_same(full, run(cb, ct, tau, inst), rows=rows)
+        assert_same(full, run(cb, ct, tau[: t + 1], inst[: t + 1]), rows=rows)
+        ab, at = _alter_after(book, trades, int(tau[t]), int(t))
+        altered = run(ab, at, tau, inst)
+        assert_same(full, altered, rows=rows)
+        assert not np.array_equal(full.columns["ofi_l1"][t + 1 :], altered.columns["ofi_l1"][t + 1 :])
+
+
+def test_event_one_ns_after_close_goes_to_next_bar() -> None:
+    book, trades, tau, inst = make_market(4)
+    t = int(np.flatnonzero(np.diff(tau) > 10)[20])
+    base = run(book, trades, tau, inst)
+    i = int(np.searchsorted(book.ts, tau[t], side="right"))
+    ins = {f: getattr(book, f) for f in BookArrays.__dataclass_fields__}
+    row = {f: ins[f][i - 1].copy() for f in ins if f != "ts"}
+    row["bid_sz"][:] = 999.0
+    row["ask_px"][:] += TICK  # ask one tick up, bid queue 999: OFI and mid move at τ_t + 1
+    new = {f: np.insert(ins[f], i, (tau[t] + 1) if f == "ts" else row[f], axis=0) for f in ins}
+    j = int(np.searchsorted(trades.ts, tau[t], side="right"))
+    nt = TradeArrays(
+        np.insert(trades.ts, j, tau[t] + 1),
+        np.insert(trades.price, j, 1.1),
+        np.insert(trades.size, j, 500.0),
+        np.insert(trades.sign, j, np.int8(1)),
+    )
+    moved = run(BookArrays(**new), nt, tau, inst)
+    assert_same(base, moved, rows=slice(0, t + 1))
+    assert moved.columns["n_book_events"][t + 1] == base.columns["n_book_events"][t + 1] + 1
+    assert moved.columns["n_trades"][t + 1] == base.columns["n_trades"][t + 1] + 1
+    for k in ("ofi_l1", "mid_realized_var"):
+        assert moved.columns[k][t + 1] != base.columns[k][t + 1], k
+    # ... while an event exactly at τ_t belongs to bar t.
+    at = {f: np.insert(ins[f], i, tau[t] if f == "ts" else row[f], axis=0) for f in ins}
+    same = run(BookArrays(**at), trades, tau, inst)
+    assert same.columns["n_book_events"][t] == base.columns["n_book_events"][t] + 1
+    assert_same(base, same, rows=slice(0, t))
+
+
+# ------------------------------------------------------------------------------------------
+# Mirror, bounds, identities
+# ------------------------------------------------------------------------------------------
+
+
+def mirror(book: BookArrays, trades: TradeArrays, c: float) -> tuple[BookArrays, TradeArrays]:
+    return (
+        BookArrays(
+            book.ts,
+            2 * c - book.ask_px,
+            2 * c - book.bid_px,
+            book.ask_sz,
+            book.bid_sz,
+            book.ask_ct,
+            book.bid_ct,
+        ),
+        TradeArrays(trades.ts, 2 * c - trades.price, trades.size, (-trades.sign).astype(np.int8)),
+    )
+
+
+def test_mirror_flips_signed_features_and_bounds_hold() -> None:
+    book, trades, tau, inst = make_market(5)
+    cfg = small_cfg()
+    f = run(book, trades, tau, inst, cfg)
+    c = 9000 * TICK
+    mb, mt = mirror(book, trades, c)
+    g = run(mb, mt, tau, inst, cfg)
+    reg = ofi_feature_registry(cfg)
+    for name, spec in reg.items():
+        x, y = f.columns[name], g.columns[name]
+        if spec.mirror_partner:
+            y = g.columns[spec.mirror_partner]
+        expect = -x if spec.signed else x
+        assert np.array_equal(np.isnan(expect), np.isnan(y)), name
+        m = ~np.isnan(x)
+        if spec.log_price:
+            # ln(2c − m) is not −ln(m): only O(Δp/p) agreement for ln-mid features.
+            scale = float(np.max(np.abs(x[m]), initial=0.0))
+            np.testing.assert_allclose(y[m], expect[m], rtol=2e-2, atol=2e-2 * scale, err_msg=name)
+        else:
+            assert np.max(np.abs(y[m] - expect[m]), initial=0.0) <= 1e-12, name
+        if np.isfinite(spec.lower) or np.isfinite(spec.upper):
+            assert np.all((x[m] >= spec.lower) & (x[m] <= spec.upper)), name
+    signed = [k for k, s in reg.items() if s.signed]
+    assert {"ofi_l1", "mlofi_1_5", "l1_imbalance", "trade_imbalance_1", "microprice_offset"} <= set(signed)
+    v = f.columns["vpin_5"]
+    assert np.isfinite(v).sum() > 50 and np.nanmin(v) >= 0 and np.nanmax(v) <= 1
+    for k in ("l1_imbalance", "depth_imbalance_5", "depth_imbalance_10", "trade_imbalance_6"):
+        assert np.nanmax(np.abs(f.columns[k])) <= 1
+
+
+def test_identities_com_weighted_mid() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        pb = 9000 * TICK
+        pa = pb + rng.integers(1, 4) * TICK
+        qb, qa = rng.integers(1, 100, 2).astype(float)
+        row = book_state_row(
+            np.array([pb]), np.array([pa]), np.array([qb]), np.array([qa]), np.ones(1), np.ones(1), TICK
+        )
+        m = (pa + pb) / 2
+        s = pa - pb
+        mw = (qb * pa + qa * pb) / (qb + qa)
+        com1 = (qb * pb + qa * pa) / (qb + qa)
+        i1 = (qb - qa) / (qb + qa)
+        assert row["l1_imbalance"] == i1
+        # m_w = m + I_1·s/2, and the feature is (m_w − m)/tick
+        assert abs(mw - (m + i1 * s / 2)) <= 1e-15
+        assert abs(row["microprice_offset"] * TICK - (mw - m)) <= 1e-15
+        assert abs(row["weighted_mid_offset"] * s - (mw - m)) <= 1e-15
+        # COM_1 − m = −(m_w − m); book_com_offset = (m − P_com)/tick
+        assert abs((com1 - m) + (mw - m)) <= 1e-15
+        assert abs(row["book_com_offset"] - row["microprice_offset"]) <= 1e-12
+
+
+def test_slope_and_com_asymmetry_hand_computed() -> None:
+    bpx = np.array([99.0, 98.0, 96.0])
+    apx = np.array([101.0, 102.0, np.nan])
+    bsz = np.array([2.0, 3.0, 5.0])
+    asz = np.array([4.0, 1.0, 7.0])
+    row = book_state_row(bpx, apx, bsz, asz, np.array([1.0, 2, 3]), np.array([4.0, 1, 9]), 1.0)
+    v1, v2, v3 = math.log(3), math.log(6), math.log(11)
+    bid = (v1 / 1 + (v2 / v1 - 1) / 1 + (v3 / v2 - 1) / 2) / 3
+    w1, w2 = math.log(5), math.log(6)
+    ask = (w1 / 1 + (w2 / w1 - 1) / 1) / 2
+    assert row["bid_slope"] == pytest.approx(bid, rel=1e-14)
+    assert row["ask_slope"] == pytest.approx(ask, rel=1e-14)
+    db = (2 * 1 + 3 * 2 + 5 * 4) / 10
+    da = (4 * 1 + 1 * 2) / 5
+    assert row["book_com_asymmetry"] == pytest.approx((da - db) / (da + db), rel=1e-14)
+    assert row["order_count_imbalance"] == pytest.approx((6 - 5) / 11, rel=1e-14)
+    assert row["spread_ticks"] == 2.0
+    assert row["depth_imbalance_5"] == pytest.approx((10 - 5) / 15, rel=1e-14)
+
+
+# ------------------------------------------------------------------------------------------
+# Flow features against direct computations
+# ------------------------------------------------------------------------------------------
+
+
+def test_vpin_pro_rata_buckets_hand_case() -> None:
+    book, _, _, _ = make_market(8, n_snap=20, n_trades=10, n_bars=3, roll_at=None)
+    t = book.ts
+    trades = TradeArrays(
+        np.array([t[2], t[5]]), np.array([1.1, 1.1]), np.array([15.0, 5.0]), np.array([1, -1], np.int8)
+    )
+    cfg = small_cfg(vpin_bucket_volume=10.0, vpin_buckets=2)
+    tau = np.array([t[3], t[6], t[-1]])
+    f = run(book, trades, tau, np.ones(3, np.uint32), cfg)
+    # bar 0: 15 contracts < 2·10 → NaN. bar 1: cum 20, buckets [0,10] = +10, [10,20] = +5 −5.
+    v = f.columns["vpin_2"]
+    assert math.isnan(v[0]) and v[1] == 0.5 and v[2] == 0.5
+    assert f.columns["trade_imbalance_1"][0] == 1.0 and f.columns["trade_imbalance_1"][1] == -1.0
+    assert f.columns["trade_imbalance_3"][1] == pytest.approx(10 / 20)
+
+
+def _mid_asof(book: BookArrays, t: int, lo: int) -> float:
+    ok = (
+        np.isfinite(book.bid_px[:, 0])
+        & np.isfinite(book.ask_px[:, 0])
+        & (book.bid_px[:, 0] <= book.ask_px[:, 0])
+    )
+    idx = np.flatnonzero(ok & (book.ts <= t) & (book.ts > lo))
+    return math.nan if idx.size == 0 else 0.5 * (book.bid_px[idx[-1], 0] + book.ask_px[idx[-1], 0])
+
+
+def test_kyle_and_hawkes_against_direct() -> None:
+    book, trades, tau, inst = make_market(9)
+    cfg = small_cfg()
+    f = run(book, trades, tau, inst, cfg)
+    seg0 = {1: -(2**62), 2: int(tau[44])}
+    for j in (30, 44, 60, 89):
+        s0 = 0 if inst[j] == 1 else 45
+        lo = seg0[int(inst[j])]
+        xs, ys = [], []
+        for k in range(max(j - cfg.kyle_window + 1, s0 + 1), j + 1):
+            m1, m0 = _mid_asof(book, int(tau[k]), lo), _mid_asof(book, int(tau[k - 1]), lo)
+            w = (trades.ts > tau[k - 1]) & (trades.ts <= tau[k])
+            xs.append(float(np.sum(trades.size[w] * trades.sign[w])))
+            ys.append((math.log(m1) - math.log(m0)) * 1e4)
+        lam = np.polyfit(xs, ys, 1)[0]
+        assert f.columns["kyle_lambda_10"][j] == pytest.approx(lam, rel=1e-9)
+        h = 0.0
+        k0 = max(j - cfg.hawkes_bars + 1, s0)
+        lo_t = tau[k0 - 1] if k0 > 0 else -(2**62)
+        ok = (
+            np.isfinite(book.bid_px[:, 0])
+            & np.isfinite(book.ask_px[:, 0])
+            & (book.bid_px[:, 0] <= book.ask_px[:, 0])
+        )
+        for ts in np.concatenate([book.ts[ok], trades.ts]):
+            if lo_t < ts <= tau[j]:
+                h += math.exp(-(tau[j] - ts) / 0.5e9) / 0.5
+        assert f.columns["hawkes_intensity"][j] == pytest.approx(h, rel=1e-12)
+    assert np.isnan(f.columns["kyle_lambda_10"][45 : 45 + 5]).all()  # reset at the roll
+
+
+# ------------------------------------------------------------------------------------------
+# Sharding and partitions
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7])
+def test_sharded_equals_sequential(k: int) -> None:
+    book, trades, tau, inst = make_market(10)
+    seq = run(book, trades, tau, inst, small_cfg(n_shards=1, n_workers=1))
+    par = run(book, trades, tau, inst, small_cfg(n_shards=k, n_workers=2))
+    assert (seq.columns["n_book_events"] == 0).any()  # a bar with no book events
+    assert (seq.bars_since_reset == 0).sum() == 2  # start + roll
+    assert_same(seq, par, tol=1e-9)
+    assert_same(seq, par, tol=0.0)  # in fact bit-identical by construction
+    np.testing.assert_array_equal(seq.bars_since_reset, par.bars_since_reset)
+
+
+@pytest.mark.parametrize("p", [30, 60])
+def test_partition_with_warmup_equals_sequential(p: int) -> None:
+    book, trades, tau, inst = make_market(11)
+    cfg = small_cfg()
+    seq = run(book, trades, tau, inst, cfg)
+    vol = np.array(
+        [
+            trades.size[(trades.ts > (tau[j - 1] if j else -(2**62))) & (trades.ts <= tau[j])].sum()
+            for j in range(p)
+        ]
+    )
+    w = ofi_warmup_bars(vol, cfg)
+    assert w >= cfg.effective_warmup_bars and p - w >= 1
+    start = int(tau[p - w - 1])
+    cb = BookArrays(*(getattr(book, f)[book.ts > start] for f in BookArrays.__dataclass_fields__))
+    ct = TradeArrays(*(getattr(trades, f)[trades.ts > start] for f in TradeArrays.__dataclass_fields__))
+    part = run(cb, ct, tau[p - w :], inst[p - w :], cfg, n_warmup=w, ts_window_start=start)
+    assert len(part) == len(tau) - p
+    rest = OfiFeatures(
+        seq.ts_close[p:], seq.bars_since_reset[p:], {k: v[p:] for k, v in seq.columns.items()}, cfg, TICK
+    )
+    assert_same(rest, part, tol=1e-9)
+    np.testing.assert_array_equal(rest.bars_since_reset, part.bars_since_reset)
+    # Without warm-up the trailing features differ (the test can fail).
+    cold = run(cb, ct, tau[p:], inst[p:], cfg, ts_window_start=int(tau[p - 1]))
+    assert not np.array_equal(cold.columns["kyle_lambda_10"], rest.columns["kyle_lambda_10"], equal_nan=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------
+
+
+def test_validate_accepts_good_table_and_arrow_roundtrip() -> None:
+    book, trades, tau, inst = make_market(12)
+    f = run(book, trades, tau, inst)
+    validate_ofi(f, "2024-Q1")
+    validate_ofi(f.to_arrow(), "2024-Q1")
+
+
+def test_validate_raises_on_all_zero_ofi_from_static_book() -> None:
+    book, trades, tau, inst = make_market(13)
+    static = BookArrays(
+        book.ts,
+        np.repeat(book.bid_px[:1], len(book.ts), 0),
+        np.repeat(book.ask_px[:1], len(book.ts), 0),
+        np.repeat(book.bid_sz[:1], len(book.ts), 0),
+        np.repeat(book.ask_sz[:1], len(book.ts), 0),
+        book.bid_ct,
+        book.ask_ct,
+    )
+    f = run(static, trades, tau, inst)
+    with pytest.raises(FxDataError, match=r"2024-Q2.*ofi_l1.*all zero.*bar 0"):
+        validate_ofi(f, "2024-Q2")
+
+
+def test_validate_raises_on_nan_after_warmup_and_out_of_bounds() -> None:
+    book, trades, tau, inst = make_market(14)
+    f = run(book, trades, tau, inst)
+    g = OfiFeatures(
+        f.ts_close, f.bars_since_reset, {k: v.copy() for k, v in f.columns.items()}, f.config, TICK
+    )
+    g.columns["l1_imbalance"][20] = np.nan
+    with pytest.raises(FxDataError, match=r"2024-Q3.*l1_imbalance.*NaN after its warm-up.*bar 20"):
+        validate_ofi(g, "2024-Q3")
+    g = OfiFeatures(
+        f.ts_close, f.bars_since_reset, {k: v.copy() for k, v in f.columns.items()}, f.config, TICK
+    )
+    g.columns["depth_imbalance_5"][33] = 1.5
+    with pytest.raises(FxDataError, match=r"depth_imbalance_5.*outside.*bar 33"):
+        validate_ofi(g, "2024-Q3")
+    g = OfiFeatures(
+        f.ts_close, f.bars_since_reset, {k: v.copy() for k, v in f.columns.items()}, f.config, TICK
+    )
+    g.columns["ofi_l1"][3] = np.nan
+    with pytest.raises(FxDataError, match=r"ofi_l1 is NaN"):
+        validate_ofi(g, "2024-Q3")
+
+
+def test_input_errors() -> None:
+    book, trades, tau, inst = make_market(15)
+    bad = replace(book, ts=book.ts[::-1].copy())
+    with pytest.raises(FxDataError, match=r"book.ts.*not sorted"):
+        run(bad, trades, tau, inst)
+    with pytest.raises(FxDataError, match=r"trades.sign"):
+        run(book, replace(trades, sign=np.full(len(trades.ts), 3, np.int8)), tau, inst)
+    sz = book.bid_sz.copy()
+    sz[5, 0] = np.nan
+    with pytest.raises(FxDataError, match=r"bid_sz_00.*snapshot 5"):
+        run(replace(book, bid_sz=sz), trades, tau, inst)
+
+
+def test_validate_raises_without_book_and_empty_inputs_work() -> None:
+    book, trades, tau, inst = make_market(16)
+    empty = BookArrays(*(getattr(book, f)[:0] for f in BookArrays.__dataclass_fields__))
+    f = run(empty, trades, tau, inst)
+    assert np.isnan(f.columns["l1_imbalance"]).all() and (f.columns["ofi_l1"] == 0).all()
+    with pytest.raises(FxDataError, match=r"2024-Q4.*n_book_events.*no book data"):
+        validate_ofi(f, "2024-Q4")
+    none = run(book, trades, tau[:0], inst[:0])
+    assert len(none) == 0 and set(none.columns) == set(ofi_feature_registry(small_cfg()))
