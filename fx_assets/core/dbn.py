@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,15 @@ import zstandard
 from fx_assets.core.errors import FxDataError
 
 UNDEF_PRICE = 2**63 - 1
-PRICE_SCALE = 1e-9
+PRICE_DIVISOR = 1e9  # 1 unit = 1e-9
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DBN_MAGIC = b"DBN"
 SUPPORTED_DBN_VERSIONS = (1, 2, 3)
-DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_CHUNK_BYTES = 1 << 20
+_PIECE_TARGET = 1 << 20  # decompressed bytes per piece (see _iter_decompressed)
+_ZSTD_WRITE_SIZE = 256 << 10
 _PREFIX_LEN = 8  # b"DBN" + version byte + u32 metadata length
+_MAX_METADATA_LEN = 64 << 20  # symbology of a few hundred thousand symbols still fits
 
 # The record header and the common body of trades/mbp-1/tbbo/mbp-10 (dbn `TradeMsg`,
 # `Mbp1Msg`, `Mbp10Msg`). `action`/`side` are c_char on disk; we read them as uint8 (ASCII
@@ -217,30 +220,34 @@ def _is_zstd(path: Path) -> bool:
     raise FxDataError(f"{path}: not a DBN file (first bytes {magic!r} are neither zstd nor DBN magic)")
 
 
-def _iter_decompressed(path: Path, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Yield (decompressed piece, source bytes consumed so far).
+def _iter_decompressed(path: Path, chunk_bytes: int) -> Generator[tuple[bytes, int], None, None]:
+    """Yield (decompressed piece, source bytes consumed so far); pieces are about
+    ``min(chunk_bytes, _PIECE_TARGET)`` bytes.
 
-    zstd: frames are decoded one after another (a file may hold several); each piece is
-    roughly ``chunk_bytes`` (the compressed read size adapts to the observed ratio). A stream
-    that ends inside a frame is reported as truncated — ``stream_reader`` would silently stop.
+    zstd: frames are decoded one after another (a file may hold several). The compressed read
+    size follows the compression ratio seen so far so that each piece lands near the target
+    (~1 MiB pieces keep the decompressor's output in cache: measured as fast as plain
+    ``read_to_iter``, while 16 MiB pieces were 2.5x slower). A stream that ends inside a frame
+    is reported as truncated — ``stream_reader``/``read_to_iter`` would stop silently.
     """
+    target = min(chunk_bytes, _PIECE_TARGET)
     if not _is_zstd(path):
         with open(path, "rb") as f:
             pos = 0
-            while piece := f.read(chunk_bytes):
+            while piece := f.read(target):
                 pos += len(piece)
                 yield piece, pos
         return
     dctx = zstandard.ZstdDecompressor()
-    dobj = dctx.decompressobj(write_size=1 << 20)
+    dobj = dctx.decompressobj(write_size=_ZSTD_WRITE_SIZE)
     in_frame = False
     pos = 0
     out_total = 0
     with open(path, "rb") as f:
         while True:
-            # aim each piece at ~chunk_bytes of output from the compression ratio seen so far
-            ratio = out_total / pos if pos and out_total else 8.0
-            data = f.read(int(min(max(chunk_bytes / max(ratio, 1.0), 16 << 10), chunk_bytes)))
+            # start cautiously (DBN compresses ~4-20x), then follow the observed ratio
+            ratio = out_total / pos if pos and out_total else 32.0
+            data = f.read(int(min(max(target / max(ratio, 1.0), 1024), target)))
             if not data:
                 break
             pos += len(data)
@@ -258,7 +265,7 @@ def _iter_decompressed(path: Path, chunk_bytes: int) -> Iterator[tuple[bytes, in
                 if dobj.eof:
                     in_frame = False
                     data = dobj.unused_data
-                    dobj = dctx.decompressobj(write_size=1 << 20)
+                    dobj = dctx.decompressobj(write_size=_ZSTD_WRITE_SIZE)
                 else:
                     data = b""
     if in_frame:
@@ -322,7 +329,10 @@ class _Stream:
             return 0
         if buf[:3] != DBN_MAGIC:
             raise FxDataError(f"{self.path}: decompressed stream does not start with DBN magic ({buf[:4]!r})")
-        return int(struct.unpack_from("<I", buf, 4)[0])
+        n = int(struct.unpack_from("<I", buf, 4)[0])
+        if n > _MAX_METADATA_LEN:  # a corrupt length would otherwise read the whole file
+            raise FxDataError(f"{self.path}: implausible DBN metadata length {n} bytes (corrupt header)")
+        return n
 
     def pieces(self) -> Iterator[tuple[bytes, int]]:
         if self.rest:
@@ -376,6 +386,7 @@ def iter_record_chunks(
     header = stream.header
     dtype = header.record_dtype()
     rs = dtype.itemsize
+    per_chunk = max(1, chunk_bytes // rs)
     carry = b""
     index = 0
     for piece, done in stream.pieces():
@@ -395,7 +406,9 @@ def iter_record_chunks(
         if n:
             arr = np.frombuffer(piece, dtype=dtype, count=n, offset=start)
             _check_records(path, arr, index, header)
-            yield header, arr, done
+            # a piece may overshoot the target when the compression ratio jumps: slice it
+            for a in range(0, n, per_chunk):
+                yield header, arr[a : a + per_chunk], done
             index += n
         carry = piece[start + n * rs :]
     if carry:
@@ -426,7 +439,9 @@ def px_to_float(px: npt.ArrayLike) -> npt.NDArray[np.float64]:
     a = np.asarray(px)
     if a.dtype != np.int64:
         raise FxDataError(f"px_to_float: expected int64 fixed-point prices, got dtype {a.dtype}")
-    out = a.astype(np.float64) * PRICE_SCALE
+    # divide rather than multiply by 1e-9: the quotient is the correctly rounded price
+    # (3720250000000 * 1e-9 == 3720.2500000000005, / 1e9 == 3720.25)
+    out = a.astype(np.float64) / PRICE_DIVISOR
     out[a == UNDEF_PRICE] = np.nan
     return out
 

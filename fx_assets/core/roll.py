@@ -1,0 +1,368 @@
+"""Roll calendar: which outright futures contract is *active* in each session.
+
+Owns the rule of reference/microstructure.md §1.5 as used by the bars:
+
+* the active contract of session d is the outright with the most volume in the previous
+  session that has data (the first session uses its own volume — nothing earlier is known);
+* a switch needs the new leader to have led ``confirm_sessions`` sessions in a row (default 1);
+* the active contract never moves back to an earlier expiry (a late volume spike in the old
+  contract does not roll back);
+* calendar spreads (raw symbols containing ``-``) never count.
+
+Instrument ids are mapped to raw symbols with the DBN symbology recorded in the sidecar
+(``SymbolInterval`` list); expiries come from ``fx_assets.core.contracts.expiry_of`` with the
+one-digit year resolved from the data's own dates. Everything is causal: the choice for
+session d uses sessions < d only (except the very first session).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from fx_assets.core.contracts import expiry_of, is_spread
+from fx_assets.core.dbn import SymbolInterval
+from fx_assets.core.errors import FxDataError
+
+_EPOCH = dt.date(1970, 1, 1)
+_SLICE = 1 << 22  # records per pass slice (bounds the temporaries)
+
+ROLL_SCHEMA = pa.schema(
+    [
+        pa.field("session_day", pa.int32(), nullable=False),
+        pa.field("instrument_id", pa.uint32(), nullable=False),
+        pa.field("raw_symbol", pa.string()),
+        pa.field("expiry", pa.date32()),
+        pa.field("is_roll", pa.bool_(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class RollEvent:
+    """The active contract changes from ``from_*`` to ``to_*`` at the start of ``session_day``."""
+
+    session_day: int
+    from_instrument_id: int
+    to_instrument_id: int
+    from_symbol: str | None
+    to_symbol: str | None
+
+
+@dataclass(frozen=True)
+class RollCalendar:
+    """One row per session with data: the active outright (id, symbol, expiry) and roll flag."""
+
+    session_day: npt.NDArray[np.int32]
+    instrument_id: npt.NDArray[np.uint32]
+    raw_symbol: tuple[str | None, ...]
+    expiry: tuple[dt.date | None, ...]
+    is_roll: npt.NDArray[np.bool_]
+    events: tuple[RollEvent, ...]
+
+    def __len__(self) -> int:
+        return len(self.session_day)
+
+    @property
+    def n_sessions(self) -> int:
+        return len(self.session_day)
+
+    @property
+    def rolls(self) -> tuple[RollEvent, ...]:
+        """Alias of ``events`` (the name the ingest assets use)."""
+        return self.events
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table(
+            [
+                pa.array(self.session_day, pa.int32()),
+                pa.array(self.instrument_id, pa.uint32()),
+                pa.array(list(self.raw_symbol), pa.string()),
+                pa.array(list(self.expiry), pa.date32()),
+                pa.array(self.is_roll, pa.bool_()),
+            ],
+            schema=ROLL_SCHEMA,
+        )
+
+    def active_instrument(
+        self, sessions: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
+        """(active instrument id, known) per session; ``known`` is False for sessions not in the calendar."""
+        s = np.asarray(sessions, dtype=np.int32)
+        if len(self.session_day) == 0:
+            return np.zeros(len(s), np.uint32), np.zeros(len(s), bool)
+        idx = np.clip(np.searchsorted(self.session_day, s), 0, len(self.session_day) - 1)
+        known = self.session_day[idx] == s
+        return np.where(known, self.instrument_id[idx], 0).astype(np.uint32), known
+
+
+def _symbol_resolver(
+    symbol_map: Iterable[SymbolInterval] | Mapping[int, str],
+) -> dict[int, list[tuple[dt.date, dt.date, str]]]:
+    by_id: dict[int, list[tuple[dt.date, dt.date, str]]] = {}
+    if isinstance(symbol_map, Mapping):
+        for iid, sym in symbol_map.items():
+            by_id.setdefault(int(iid), []).append((dt.date.min, dt.date.max, str(sym)))
+    else:
+        for m in symbol_map:
+            by_id.setdefault(int(m.instrument_id), []).append((m.start_date, m.end_date, m.raw_symbol))
+    return by_id
+
+
+def _symbol_on(intervals: list[tuple[dt.date, dt.date, str]] | None, session: int) -> str | None:
+    """Raw symbol of an id during a session (its end date, else the evening before, in UTC)."""
+    if not intervals:
+        return None
+    if len({sym for _, _, sym in intervals}) == 1:
+        return intervals[0][2]
+    for day in (session, session - 1):
+        date = _EPOCH + dt.timedelta(days=day)
+        for start, end, sym in intervals:
+            if start <= date < end:
+                return sym
+    return None
+
+
+def _expiry(symbol: str | None, first_session: int) -> dt.date | None:
+    """Expiry of an outright, the decade taken from when the data first shows it.
+
+    A contract trading on date d expires on or after d and (for ES) within ~10 years, so the
+    year is looked for in [year(d) - 1, year(d) + 9] (``expiry_of`` takes the one nearest to
+    its ``ref_year``).
+    """
+    if symbol is None:
+        return None
+    seen = _EPOCH + dt.timedelta(days=first_session)
+    return expiry_of(symbol, ref_year=seen.year + 4)
+
+
+def _check_part(s: np.ndarray, iid: np.ndarray, vol: np.ndarray, where: str) -> None:
+    if not (s.shape == iid.shape == vol.shape) or s.ndim != 1:
+        raise FxDataError(
+            f"{where}: sessions/instrument_id/size must be 1-D of one length, got {s.shape}, {iid.shape}, {vol.shape}"
+        )
+    if vol.size and (vol.dtype.kind not in "iuf" or np.nanmin(vol) < 0):
+        raise FxDataError(f"{where}: column 'size' must be non-negative numbers")
+
+
+def compute_roll_calendar(
+    sessions: npt.ArrayLike,
+    instrument_id: npt.ArrayLike,
+    size: npt.ArrayLike,
+    symbol_map: Iterable[SymbolInterval] | Mapping[int, str],
+    *,
+    confirm_sessions: int = 1,
+) -> RollCalendar:
+    """Active outright per session from trade sessions / instrument ids / sizes (any order).
+
+    ``sessions`` are ``calendar.session_day`` values (-1 = halt/weekend, ignored);
+    ``symbol_map`` is the sidecar's DBN symbology (``sidecar.read_symbol_map``) or a plain
+    ``{instrument_id: raw_symbol}``. Ids without a symbol are treated as outrights of unknown
+    expiry (the never-backwards rule cannot apply to them). Sessions before the first outright
+    trade get no row.
+    """
+    part = (np.asarray(sessions), np.asarray(instrument_id), np.asarray(size))
+    _check_part(*part, "compute_roll_calendar")
+    return _roll_calendar([part], symbol_map, confirm_sessions)
+
+
+def roll_calendar_from_sidecars(
+    trades_sidecar: Path | str, prev_trades_sidecar: Path | str | None = None, *, confirm_sessions: int = 1
+) -> RollCalendar:
+    """Roll calendar of the quarter in a trades sidecar; the last session of the previous
+    quarter's sidecar (when given) decides the first session's active contract.
+
+    Rows are kept for this quarter's sessions only (a roll on its first session keeps its flag
+    and event). The previous quarter contributes only its last session's volume, and the
+    arrays are passed as parts, never concatenated (a quarter is ~1e8 trades).
+    """
+    from fx_assets.core.calendar import session_day
+    from fx_assets.core.sidecar import read_symbol_map, sidecar_columns
+
+    names = ["ts_recv", "instrument_id", "size"]
+    cur = sidecar_columns(trades_sidecar, names)
+    cur_sess = session_day(cur["ts_recv"])
+    parts = [(cur_sess, cur["instrument_id"], cur["size"])]
+    symbols = list(read_symbol_map(trades_sidecar))
+    valid = cur_sess[cur_sess >= 0]
+    if valid.size == 0:
+        return _roll_calendar(parts, symbols, confirm_sessions)
+    first = int(valid.min())
+    if prev_trades_sidecar is not None:
+        prev = sidecar_columns(prev_trades_sidecar, names)
+        p_sess = session_day(prev["ts_recv"])
+        earlier = p_sess[(p_sess >= 0) & (p_sess < first)]
+        if earlier.size:
+            take = p_sess == int(earlier.max())
+            parts.insert(0, (p_sess[take], prev["instrument_id"][take], prev["size"][take]))
+            symbols += list(read_symbol_map(prev_trades_sidecar))
+    cal = _roll_calendar(parts, symbols, confirm_sessions)
+    keep = cal.session_day >= first
+    return RollCalendar(
+        session_day=cal.session_day[keep],
+        instrument_id=cal.instrument_id[keep],
+        raw_symbol=tuple(x for x, k in zip(cal.raw_symbol, keep, strict=True) if k),
+        expiry=tuple(x for x, k in zip(cal.expiry, keep, strict=True) if k),
+        is_roll=cal.is_roll[keep],
+        events=tuple(e for e in cal.events if e.session_day >= first),
+    )
+
+
+def _roll_calendar(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    symbol_map: Iterable[SymbolInterval] | Mapping[int, str],
+    confirm_sessions: int,
+) -> RollCalendar:
+    if confirm_sessions < 1:
+        raise FxDataError(f"compute_roll_calendar: confirm_sessions must be >= 1, got {confirm_sessions}")
+    resolver = _symbol_resolver(symbol_map)
+    empty = RollCalendar(np.zeros(0, np.int32), np.zeros(0, np.uint32), (), (), np.zeros(0, bool), ())
+    valid_s = [s[s >= 0] for s, _, _ in parts]
+    if not any(v.size for v in valid_s):
+        return empty
+    d0 = min(int(v.min()) for v in valid_s if v.size)
+    span = max(int(v.max()) for v in valid_s if v.size) - d0 + 1
+    del valid_s
+
+    # Dense id codes: the symbology's ids by binary search, plus any id the map does not know
+    # (normally none). Both passes run over bounded slices: a quarter of ES trades is ~1e8
+    # records, and whole-array int64 temporaries would cost GBs.
+    ids = np.array(sorted(resolver), dtype=np.int64)
+    slices = [(p, slice(a, a + _SLICE)) for p in parts for a in range(0, len(p[0]), _SLICE)]
+    unknown: set[int] = set()
+    for (_, iid, _), sl in slices:
+        chunk = iid[sl].astype(np.int64)
+        if len(ids):
+            pos = np.clip(np.searchsorted(ids, chunk), 0, len(ids) - 1)
+            chunk = chunk[ids[pos] != chunk]
+        unknown.update(np.unique(chunk).tolist())
+    if unknown:
+        ids = np.union1d(ids, np.array(sorted(unknown), dtype=np.int64))
+    k_ids = len(ids)
+    vol_flat = np.zeros(span * k_ids, dtype=np.float64)
+    cnt_flat = np.zeros(span * k_ids, dtype=np.int64)
+    for (s, iid, vol), sl in slices:
+        ok = s[sl] >= 0
+        cell = (s[sl][ok].astype(np.int64) - d0) * k_ids + np.searchsorted(ids, iid[sl][ok].astype(np.int64))
+        vol_flat += np.bincount(cell, weights=vol[sl][ok], minlength=span * k_ids)
+        cnt_flat += np.bincount(cell, minlength=span * k_ids)
+    volume = vol_flat.reshape(span, k_ids)
+    count = cnt_flat.reshape(span, k_ids)
+    data_sessions = np.flatnonzero(count.sum(axis=1) > 0)
+
+    first_seen = {
+        int(ids[j]): d0 + int(np.flatnonzero(count[:, j])[0]) for j in range(k_ids) if count[:, j].any()
+    }
+    symbol_cache: dict[tuple[int, int], str | None] = {}
+
+    def symbol(j: int, session: int) -> str | None:
+        key = (j, session)
+        if key not in symbol_cache:
+            symbol_cache[key] = _symbol_on(resolver.get(int(ids[j])), session)
+        return symbol_cache[key]
+
+    expiry_cache: dict[tuple[int, str | None], dt.date | None] = {}
+
+    def expiry(j: int, sym: str | None) -> dt.date | None:
+        key = (j, sym)
+        if key not in expiry_cache:
+            expiry_cache[key] = _expiry(sym, first_seen.get(int(ids[j]), d0))
+        return expiry_cache[key]
+
+    def tradable(j: int, session: int) -> bool:
+        """An outright (not a spread) that has not expired before the session's date."""
+        sym = symbol(j, session)
+        if sym is not None and is_spread(sym):
+            return False
+        exp = expiry(j, sym)
+        return exp is None or exp >= _EPOCH + dt.timedelta(days=session)
+
+    def leader(row: int, target: int) -> int | None:
+        """Most volume in session ``d0 + row`` among contracts tradable in session ``target``;
+        ties -> earlier expiry, then smaller id."""
+        best: tuple[float, dt.date, int] | None = None
+        best_j: int | None = None
+        for jj in np.flatnonzero(count[row]):
+            j = int(jj)
+            if not (tradable(j, d0 + row) and tradable(j, target)):
+                continue
+            exp = expiry(j, symbol(j, target)) or dt.date.max
+            key = (-float(volume[row, j]), exp, int(ids[j]))
+            if best is None or key < best:
+                best, best_j = key, j
+        return best_j
+
+    # lead[k]: the contract the data says should be active in data session k (the leader of
+    # the previous data session; the first session has only its own volume)
+    rows = [int(r) for r in data_sessions]
+    lead = [leader(rows[max(k - 1, 0)], d0 + r) for k, r in enumerate(rows)]
+    out_sessions: list[int] = []
+    out_ids: list[int] = []
+    out_syms: list[str | None] = []
+    out_exp: list[dt.date | None] = []
+    out_roll: list[bool] = []
+    events: list[RollEvent] = []
+    active: int | None = None
+    for k, row in enumerate(rows):
+        session = d0 + row
+        window = lead[max(0, k - confirm_sessions + 1) : k + 1]
+        candidate = lead[k]
+        confirmed = candidate is not None and len(set(window)) == 1
+        rolled = False
+        if active is not None and not tradable(active, session):
+            # the active contract expired (or its id now names a spread): move on at once
+            confirmed = candidate is not None
+        elif active is not None and confirmed and candidate != active:
+            e_new = expiry(candidate, symbol(candidate, session))  # type: ignore[arg-type]
+            e_old = expiry(active, symbol(active, session))
+            # never back to an earlier expiry (a late volume spike in the old contract)
+            confirmed = e_new is None or e_old is None or e_new > e_old
+        if confirmed and candidate is not None and candidate != active:
+            if active is not None:
+                events.append(
+                    RollEvent(
+                        session,
+                        int(ids[active]),
+                        int(ids[candidate]),
+                        symbol(active, session),
+                        symbol(candidate, session),
+                    )
+                )
+                rolled = True
+            active = candidate
+        if active is None:
+            continue
+        sym = symbol(active, session)
+        out_sessions.append(session)
+        out_ids.append(int(ids[active]))
+        out_syms.append(sym)
+        out_exp.append(expiry(active, sym))
+        out_roll.append(rolled)
+    if not out_sessions:
+        return empty
+    return RollCalendar(
+        session_day=np.array(out_sessions, dtype=np.int32),
+        instrument_id=np.array(out_ids, dtype=np.uint32),
+        raw_symbol=tuple(out_syms),
+        expiry=tuple(out_exp),
+        is_roll=np.array(out_roll, dtype=bool),
+        events=tuple(events),
+    )
+
+
+def active_mask(
+    session_of_trade: npt.ArrayLike, instrument_id: npt.ArrayLike, calendar: RollCalendar
+) -> npt.NDArray[np.bool_]:
+    """True for the records of the session's active contract (False in halts / unknown sessions)."""
+    s = np.asarray(session_of_trade)
+    iid = np.asarray(instrument_id)
+    if s.shape != iid.shape:
+        raise FxDataError(f"active_mask: session ({s.shape}) and instrument_id ({iid.shape}) lengths differ")
+    active, known = calendar.active_instrument(s)
+    return known & (iid.astype(np.int64) == active.astype(np.int64))

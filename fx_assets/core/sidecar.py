@@ -1,0 +1,758 @@
+"""Predecoded sidecars: a DBN file decoded once into an Arrow IPC file that memory-maps.
+
+Owns the sidecar contract of docs/ARCHITECTURE.md: an uncompressed Arrow IPC *file* with
+exactly one record batch (so every column is one contiguous, zero-copy numpy view), the
+column set per schema, the ``fx.*`` schema metadata that identifies the source, and the
+self-invalidation rule (a sidecar is reused only if the source path, size, mtime_ns, header
+hash and the format version all still match — otherwise it is rebuilt, never trusted).
+
+How a sidecar is built with memory bounded by the chunk size, not the file size:
+
+1. A decompression thread streams record chunks (``dbn.iter_record_chunks``; zstd releases
+   the GIL) into a small queue; the calling thread splits each chunk into columns and appends
+   each column to its own anonymous spill file (O_TMPFILE) on the destination's filesystem.
+2. With N known, pyarrow serialises the IPC file for an N-row batch whose column buffers
+   point into a read-only anonymous mmap (zero pages, never touched). A sink keeps the few KB
+   of metadata pyarrow writes and records where each column body goes (``_ipc_image``).
+3. The metadata is written and the bodies are filled from the spill files with
+   ``os.copy_file_range`` (a kernel-side copy; no user memory); the file is re-opened and
+   checked, then moved into place atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import glob
+import hashlib
+import json
+import mmap
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from fx_assets.core import dbn
+from fx_assets.core.atomic import atomic_path
+from fx_assets.core.dbn import SCHEMAS, SchemaSpec, SymbolInterval
+from fx_assets.core.errors import FxCacheError, FxDataError
+
+SIDECAR_FORMAT_VERSION = 1
+DEFAULT_CHUNK_BYTES = dbn.DEFAULT_CHUNK_BYTES
+ProgressFn = Callable[[int, int], None]
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "SIDECAR_FORMAT_VERSION",
+    "SidecarInfo",
+    "SymbolInterval",
+    "build_sidecar",
+    "describe_dbn",
+    "describe_sidecar",
+    "ensure_sidecar",
+    "open_sidecar",
+    "read_symbol_map",
+    "sidecar_columns",
+    "sidecar_path",
+    "sidecar_schema",
+]
+
+_BASE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("ts_recv", pa.int64()),
+    ("ts_event", pa.int64()),
+    ("rtype", pa.uint8()),
+    ("publisher_id", pa.uint16()),
+    ("instrument_id", pa.uint32()),
+    ("action", pa.uint8()),
+    ("side", pa.uint8()),
+    ("flags", pa.uint8()),
+    ("depth", pa.uint8()),
+    ("price", pa.int64()),
+    ("size", pa.uint32()),
+    ("ts_in_delta", pa.int32()),
+    ("sequence", pa.uint32()),
+)
+_LEVEL_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("bid_px", pa.int64()),
+    ("ask_px", pa.int64()),
+    ("bid_sz", pa.uint32()),
+    ("ask_sz", pa.uint32()),
+    ("bid_ct", pa.uint32()),
+    ("ask_ct", pa.uint32()),
+)
+_META_KEYS = (
+    "fx.format_version",
+    "fx.schema",
+    "fx.dataset",
+    "fx.source_path",
+    "fx.source_size",
+    "fx.source_mtime_ns",
+    "fx.header_hash",
+    "fx.symbol_map",
+    "fx.n_records",
+)
+
+
+def _columns(spec: SchemaSpec) -> list[tuple[str, pa.DataType]]:
+    cols = list(_BASE_COLUMNS)
+    for i in range(spec.n_levels):
+        cols += [(f"{name}_{i:02d}", t) for name, t in _LEVEL_COLUMNS]
+    return cols
+
+
+def sidecar_schema(schema: str, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+    """Arrow schema of the sidecar for a DBN schema name (``trades``, ``tbbo``, ``mbp-1``, ``mbp-10``)."""
+    if schema not in SCHEMAS:
+        raise FxDataError(f"no sidecar layout for DBN schema {schema!r}; supported: {sorted(SCHEMAS)}")
+    return pa.schema([pa.field(n, t) for n, t in _columns(SCHEMAS[schema])], metadata=metadata)
+
+
+@dataclass(frozen=True)
+class SidecarInfo:
+    """A sidecar on disk and the source it was decoded from."""
+
+    path: Path
+    source: Path
+    schema: str
+    dataset: str
+    n_records: int
+    header_hash: str
+    source_size: int
+    source_mtime_ns: int
+    format_version: int
+    symbol_map: tuple[SymbolInterval, ...]
+    rebuilt: bool
+
+    @property
+    def reused(self) -> bool:
+        """True when ``ensure_sidecar`` found a fresh sidecar and decoded nothing."""
+        return not self.rebuilt
+
+    @property
+    def identity_hash(self) -> str:
+        """sha256 of what the sidecar's content depends on: format version, source identity
+        (path, size, mtime_ns, header hash) and record count — a data version for callers."""
+        key = json.dumps(
+            [
+                self.format_version,
+                str(self.source.resolve()),
+                self.source_size,
+                self.source_mtime_ns,
+                self.header_hash,
+                self.n_records,
+            ]
+        )
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _source_stem(source: Path) -> str:
+    name = source.name
+    for suffix in (".dbn.zst", ".dbn"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return source.stem
+
+
+def sidecar_path(source: Path | str, sidecar_dir: Path | str) -> Path:
+    """``{stem}.{8-hex hash of the absolute source path}.{SIDECAR_FORMAT_VERSION}.arrow``.
+
+    The path hash keeps ``x.dbn`` and ``x.dbn.zst`` (or two folders' ``x``) apart in one dir.
+    """
+    source = Path(source)
+    tag = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
+    return Path(sidecar_dir) / f"{_source_stem(source)}.{tag}.{SIDECAR_FORMAT_VERSION}.arrow"
+
+
+# ----------------------------------------------------------------------------------------------
+# build
+#
+# Tried and dropped: appending each column in its own region of the sidecar itself (a sparse
+# file), rewriting the IPC buffer offsets to block boundaries and removing the gaps with
+# fallocate(COLLAPSE_RANGE). On ext4 the collapse first writes the dirty range back to disk
+# and drops it from the page cache, so it cost as much as the kernel copy below (~0.08 s per
+# 190 MB) and left a cold cache for the first load.
+
+
+class _ImageSink:
+    """File-like sink for pyarrow's IPC writer that keeps the small writes and skips the bodies.
+
+    pyarrow hands body buffers to ``write`` as ``pa.Buffer`` objects; a buffer whose address
+    lies inside our zero mmap is a column body: we record (file offset, mmap offset, length)
+    and move on without touching it. Everything else (flatbuffer metadata, padding, footer —
+    a few KB) is kept as (offset, bytes).
+    """
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base = base
+        self.size = size
+        self.pos = 0
+        self.holes: list[tuple[int, int, int]] = []
+        self.writes: list[tuple[int, bytes]] = []
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, pa.Buffer) and self.base <= data.address < self.base + self.size:
+            n = data.size
+            self.holes.append((self.pos, data.address - self.base, n))
+        else:
+            b = bytes(memoryview(data).cast("B"))
+            n = len(b)
+            self.writes.append((self.pos, b))
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+@dataclass
+class _Image:
+    """pyarrow's serialisation of an N-row batch, minus the column bodies."""
+
+    size: int  # total file size
+    writes: list[tuple[int, bytes]]
+    holes: list[tuple[int, int, int]]  # (file offset, column index, length), in column order
+
+
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(allow_64bit=True)
+
+
+def _ipc_image(cols: list[tuple[str, pa.DataType]], n: int, schema: pa.Schema) -> _Image:
+    """Serialise an n-row batch (n > 0) whose buffers sit in a read-only zero mmap (never read)."""
+    sizes = [n * t.bit_width // 8 for _, t in cols]
+    offsets = np.concatenate([[0], np.cumsum([(s + 4095) // 4096 * 4096 for s in sizes])]).tolist()
+    zero = mmap.mmap(-1, offsets[-1], prot=mmap.PROT_READ)  # virtual only
+    try:
+        zbuf = pa.py_buffer(zero)
+        arrays = [
+            pa.Array.from_buffers(t, n, [None, zbuf.slice(off, size)], null_count=0)
+            for (_, t), off, size in zip(cols, offsets, sizes, strict=False)
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        sink = _ImageSink(zbuf.address, offsets[-1])
+        with pa.ipc.new_file(sink, schema, options=_IPC_OPTIONS) as w:
+            w.write_batch(batch)
+        del batch, arrays, zbuf
+    finally:
+        with contextlib.suppress(BufferError):
+            zero.close()
+    # Every column body must have come through exactly once, whole, in column order.
+    index = {off: i for i, off in enumerate(offsets[:-1])}
+    holes = [(pos, index.get(moff, -1), length) for pos, moff, length in sink.holes]
+    if [(i, length) for _, i, length in holes] != list(enumerate(sizes)):
+        raise FxCacheError(f"pyarrow serialised the column bodies unexpectedly: {sink.holes}")
+    return _Image(sink.pos, sink.writes, holes)
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
+    """Copy ``count`` bytes between files in the kernel; pread/pwrite where that is unsupported."""
+    while count > 0:
+        try:
+            k = os.copy_file_range(src_fd, dst_fd, min(count, 1 << 30), src_off, dst_off)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
+                raise
+            k = 0
+            block = os.pread(src_fd, min(count, 8 << 20), src_off)
+            if block:
+                k = os.pwrite(dst_fd, block, dst_off)
+        if k <= 0:
+            raise FxCacheError(
+                f"column data ended early while copying ({count} bytes left at offset {src_off})"
+            )
+        src_off += k
+        dst_off += k
+        count -= k
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, pos: int) -> None:
+    mv = memoryview(data)
+    while len(mv):
+        k = os.pwrite(fd, mv, pos)
+        mv = mv[k:]
+        pos += k
+
+
+def _write_copied(path: Path, image: _Image, sources: list[tuple[int, int]]) -> None:
+    """Write ``image`` to ``path``, each column body copied in the kernel from (fd, offset)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for pos, b in image.writes:
+            _pwrite_all(fd, b, pos)
+        for pos, i, length in image.holes:
+            src_fd, src_off = sources[i]
+            _copy_range(src_fd, fd, src_off, pos, length)
+        os.ftruncate(fd, image.size)
+    finally:
+        os.close(fd)
+
+
+_STAGE_CHUNKS = 8  # staging arrays hold this many chunks' worth of records
+
+
+class _Columns:
+    """Column spill: one anonymous temp file per column (O_TMPFILE / unlinked at once, so
+    nothing to clean up even after a crash), on the destination's filesystem for
+    ``copy_file_range``.
+
+    Records are gathered field by field into fixed staging arrays (``stage_bytes`` in all) that are
+    written out when full: one strided copy per field and few, large writes (mbp-10 has 73
+    columns; writing each 1 MiB chunk's columns separately was syscall-bound).
+    """
+
+    def __init__(self, cols: list[tuple[str, pa.DataType]], directory: Path, stage_bytes: int) -> None:
+        self.names = [name for name, _ in cols]
+        dtypes = [np.dtype(t.to_pandas_dtype()) for _, t in cols]
+        self.capacity = max(1024, stage_bytes // sum(d.itemsize for d in dtypes))
+        self.stage = [np.empty(self.capacity, dtype=d) for d in dtypes]
+        self.fill = 0
+        self.written = [0] * len(cols)
+        self.files = [tempfile.TemporaryFile(dir=directory) for _ in cols]
+
+    def add(self, records: np.ndarray) -> None:
+        done = 0
+        while done < len(records):
+            k = min(self.capacity - self.fill, len(records) - done)
+            part = records[done : done + k]
+            for name, buf in zip(self.names, self.stage, strict=True):
+                np.copyto(buf[self.fill : self.fill + k], part[name], casting="no")
+            self.fill += k
+            done += k
+            if self.fill == self.capacity:
+                self.flush()
+
+    def flush(self) -> None:
+        for i, buf in enumerate(self.stage):
+            data = buf[: self.fill]
+            _pwrite_all(self.files[i].fileno(), data.data.cast("B"), self.written[i])
+            self.written[i] += data.nbytes
+        self.fill = 0
+
+    def sources(self) -> list[tuple[int, int]]:
+        return [(f.fileno(), 0) for f in self.files]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+_END = object()
+
+
+def _decode_columns(
+    source: Path,
+    out: _Columns,
+    cols: list[tuple[str, pa.DataType]],
+    chunk_bytes: int,
+    progress: ProgressFn | None,
+    total_bytes: int,
+) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """Decode ``source`` column by column into ``out``; return (N, first record, last record).
+
+    A decompression thread feeds a small queue (zstd releases the GIL); this thread splits the
+    chunks into columns and writes them, so two cores work at once.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for _, arr, done in dbn.iter_record_chunks(source, chunk_bytes):
+                if not put((arr, done)):
+                    return
+            put(_END)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            put(exc)
+
+    thread = threading.Thread(target=produce, name=f"dbn-decode:{source.name}", daemon=True)
+    thread.start()
+    n = 0
+    first: np.ndarray | None = None
+    last: np.ndarray | None = None
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            arr, done = item
+            out.add(arr)
+            if first is None:
+                first = arr[:1].copy()
+            last = arr[-1:].copy()
+            n += len(arr)
+            if progress is not None:
+                progress(done, total_bytes)
+    finally:
+        stop.set()
+        thread.join()
+    out.flush()
+    return n, first, last
+
+
+def _metadata(header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int) -> dict[bytes, bytes]:
+    meta = {
+        "fx.format_version": str(SIDECAR_FORMAT_VERSION),
+        "fx.schema": str(header.schema),
+        "fx.dataset": header.dataset,
+        "fx.source_path": str(source.resolve()),
+        "fx.source_size": str(size),
+        "fx.source_mtime_ns": str(mtime_ns),
+        "fx.header_hash": header.header_hash,
+        "fx.symbol_map": json.dumps([m.to_json() for m in header.mappings]),
+        "fx.n_records": str(n),
+        "fx.dbn_version": str(header.version),
+    }
+    return {k.encode(): v.encode() for k, v in meta.items()}
+
+
+def _verify(path: Path, schema: pa.Schema, n: int, first: np.ndarray | None, last: np.ndarray | None) -> None:
+    """Re-open the written file: one batch, N rows, schema, and the first/last records match."""
+    with pa.memory_map(str(path), "r") as src:
+        reader = pa.ipc.open_file(src)
+        if reader.num_record_batches != 1:
+            raise FxCacheError(f"{path}: {reader.num_record_batches} record batches written, expected 1")
+        batch = reader.get_batch(0)
+        if batch.num_rows != n or not batch.schema.equals(schema, check_metadata=True):
+            raise FxCacheError(
+                f"{path}: written batch has {batch.num_rows} rows / another schema, expected {n}"
+            )
+        if n and first is not None and last is not None:
+            for name in schema.names:
+                col = batch.column(name)
+                if col.buffers()[1].address % 8:
+                    raise FxCacheError(f"{path}: column {name} is not 8-byte aligned")
+                if col[0].as_py() != int(first[name][0]) or col[n - 1].as_py() != int(last[name][0]):
+                    raise FxCacheError(f"{path}: column {name} does not match the decoded records")
+
+
+def build_sidecar(
+    source: Path | str,
+    dest: Path | str,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: ProgressFn | None = None,
+) -> SidecarInfo:
+    """Decode ``source`` (DBN trades / tbbo / mbp-1 / mbp-10) into the sidecar ``dest``.
+
+    Peak memory is a few ``chunk_bytes`` whatever the file size. ``progress(bytes_done,
+    bytes_total)`` is called after each chunk with source (compressed) bytes. Written
+    atomically; on any error no sidecar and no temp file is left behind (FxDataError for bad
+    input, naming the file and offset).
+    """
+    source, dest = Path(source), Path(dest)
+    try:
+        st0 = os.stat(source)
+    except OSError as exc:
+        raise FxDataError(f"{source}: cannot stat the DBN source: {exc}") from exc
+    header = dbn.read_header(source)
+    spec = header.spec()  # unsupported / mixed schema: fail before creating anything
+    cols = _columns(spec)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    out = _Columns(cols, dest.parent, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES))
+    try:
+        n, first, last = _decode_columns(source, out, cols, chunk_bytes, progress, st0.st_size)
+        st1 = os.stat(source)
+        if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+            raise FxDataError(f"{source}: the file changed while it was being decoded")
+        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
+        with atomic_path(dest) as tmp:
+            if n == 0:
+                # one (empty) batch, as for any other sidecar; write_table would write none
+                empty = pa.record_batch([pa.array([], type=t) for _, t in cols], schema=schema)
+                with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, schema, options=_IPC_OPTIONS) as w:
+                    w.write_batch(empty)
+            else:
+                image = _ipc_image(cols, n, schema)
+                if [length for _, _, length in image.holes] != out.written:
+                    raise FxCacheError(f"{source}: decoded column sizes {out.written} do not match N={n}")
+                _write_copied(tmp, image, out.sources())
+            _verify(tmp, schema, n, first, last)
+    finally:
+        out.close()
+    if progress is not None:
+        progress(st0.st_size, st0.st_size)
+    return SidecarInfo(
+        path=dest,
+        source=source,
+        schema=spec.name,
+        dataset=header.dataset,
+        n_records=n,
+        header_hash=header.header_hash,
+        source_size=st0.st_size,
+        source_mtime_ns=st0.st_mtime_ns,
+        format_version=SIDECAR_FORMAT_VERSION,
+        symbol_map=header.mappings,
+        rebuilt=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# reuse / invalidation
+
+
+def _meta(schema: pa.Schema) -> dict[str, str]:
+    raw = schema.metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _fresh_info(source: Path, path: Path) -> SidecarInfo | None:
+    """The sidecar's info if it is a valid, current decode of ``source``; None if stale/corrupt."""
+    try:
+        with pa.memory_map(str(path), "r") as src:
+            reader = pa.ipc.open_file(src)
+            meta = _meta(reader.schema)
+            n_batches = reader.num_record_batches
+            n_rows = reader.get_batch(0).num_rows if n_batches == 1 else -1
+        if any(k not in meta for k in _META_KEYS) or n_batches != 1 or n_rows != int(meta["fx.n_records"]):
+            return None
+        st = os.stat(source)
+        current = {
+            "fx.format_version": str(SIDECAR_FORMAT_VERSION),
+            "fx.source_path": str(source.resolve()),
+            "fx.source_size": str(st.st_size),
+            "fx.source_mtime_ns": str(st.st_mtime_ns),
+        }
+        if any(meta[k] != v for k, v in current.items()):
+            return None
+        if meta["fx.header_hash"] != dbn.header_hash(source):
+            return None
+    except (OSError, pa.ArrowException, FxDataError, ValueError, KeyError):
+        return None
+    return SidecarInfo(
+        path=path,
+        source=source,
+        schema=meta["fx.schema"],
+        dataset=meta["fx.dataset"],
+        n_records=int(meta["fx.n_records"]),
+        header_hash=meta["fx.header_hash"],
+        source_size=int(meta["fx.source_size"]),
+        source_mtime_ns=int(meta["fx.source_mtime_ns"]),
+        format_version=int(meta["fx.format_version"]),
+        symbol_map=tuple(_parse_symbol_map(path, meta["fx.symbol_map"])),
+        rebuilt=False,
+    )
+
+
+def ensure_sidecar(
+    source: Path | str,
+    sidecar_dir: Path | str,
+    rebuild: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: ProgressFn | None = None,
+) -> SidecarInfo:
+    """Return a sidecar of ``source`` in ``sidecar_dir``, reusing a fresh one, rebuilding a stale one.
+
+    Fresh means the recorded source path, size, mtime_ns, header hash and format version all
+    match now. A stale sidecar (and any sidecar of this source with another format version)
+    is deleted before the rebuild, so a failed rebuild leaves nothing that could be trusted.
+    """
+    source, sidecar_dir = Path(source), Path(sidecar_dir)
+    dest = sidecar_path(source, sidecar_dir)
+    if not rebuild and dest.exists():
+        info = _fresh_info(source, dest)
+        if info is not None:
+            return info
+    prefix = dest.name[: -len(f"{SIDECAR_FORMAT_VERSION}.arrow")]
+    if sidecar_dir.is_dir():
+        for old in sidecar_dir.glob(f"{glob.escape(prefix)}*.arrow"):
+            if old.name[len(prefix) : -len(".arrow")].isdigit():
+                old.unlink(missing_ok=True)
+    return build_sidecar(source, dest, chunk_bytes=chunk_bytes, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading
+
+
+def _open_batch(path: Path) -> pa.RecordBatch:
+    try:
+        src = pa.memory_map(str(path), "r")
+        reader = pa.ipc.open_file(src)
+    except (OSError, pa.ArrowException) as exc:
+        raise FxCacheError(f"{path}: not a readable Arrow IPC sidecar: {exc}") from exc
+    if reader.num_record_batches != 1:
+        raise FxCacheError(f"{path}: sidecar has {reader.num_record_batches} record batches, expected 1")
+    if "fx.format_version" not in _meta(reader.schema):
+        raise FxCacheError(f"{path}: Arrow file has no fx.format_version metadata (not a sidecar)")
+    return reader.get_batch(0)
+
+
+def open_sidecar(path: Path | str) -> pa.Table:
+    """The sidecar as a memory-mapped, zero-copy ``pa.Table`` (one chunk per column)."""
+    return pa.Table.from_batches([_open_batch(Path(path))])
+
+
+def sidecar_columns(path: Path | str, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Zero-copy read-only numpy views of the named columns (all columns if ``names`` is None)."""
+    path = Path(path)
+    batch = _open_batch(path)
+    wanted = list(batch.schema.names if names is None else names)
+    out: dict[str, np.ndarray] = {}
+    for name in wanted:
+        if name not in batch.schema.names:
+            raise FxDataError(f"{path}: sidecar has no column {name!r} (has {batch.schema.names})")
+        out[name] = _view(batch.column(name))
+    return out
+
+
+def _view(col: pa.Array) -> np.ndarray:
+    """Read-only numpy view of a null-free fixed-width column's data buffer (no copy).
+
+    ``np.frombuffer`` on the Arrow buffer rather than ``to_numpy``: same view, but without
+    pyarrow's first-call import of its pandas shim (~0.2 s), which would dominate a warm load.
+    """
+    if col.null_count:
+        raise FxCacheError(f"sidecar column of type {col.type} has {col.null_count} nulls")
+    dtype = np.dtype(col.type.to_pandas_dtype())
+    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)
+
+
+def _parse_symbol_map(where: Any, text: str) -> list[SymbolInterval]:
+    try:
+        return [SymbolInterval.from_json(d) for d in json.loads(text)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FxCacheError(f"{where}: malformed fx.symbol_map metadata: {exc}") from exc
+
+
+def read_symbol_map(
+    table_or_path: pa.Table | pa.RecordBatch | pa.Schema | Path | str,
+) -> list[SymbolInterval]:
+    """The DBN symbology (raw symbol <-> instrument id per date interval) recorded in a sidecar."""
+    if isinstance(table_or_path, (str, Path)):
+        with pa.memory_map(str(table_or_path), "r") as src:
+            schema = pa.ipc.open_file(src).schema
+    elif isinstance(table_or_path, pa.Schema):
+        schema = table_or_path
+    else:
+        schema = table_or_path.schema
+    meta = _meta(schema)
+    if "fx.symbol_map" not in meta:
+        raise FxCacheError(f"{table_or_path!r}: no fx.symbol_map metadata")
+    return _parse_symbol_map(table_or_path, meta["fx.symbol_map"])
+
+
+# ----------------------------------------------------------------------------------------------
+# inspection
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).isoformat()
+
+
+class _Stats:
+    """Running count / time range / per-instrument counts / per-column min & max."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.n = 0
+        self.minmax: dict[str, list[int]] = {}
+        self.per_instrument: dict[int, int] = {}
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        if not len(cols["ts_recv"]):
+            return
+        self.n += len(cols["ts_recv"])
+        for name in self.names:
+            a = cols[name]
+            lo, hi = int(a.min()), int(a.max())
+            if name in self.minmax:
+                self.minmax[name] = [min(lo, self.minmax[name][0]), max(hi, self.minmax[name][1])]
+            else:
+                self.minmax[name] = [lo, hi]
+        ids, counts = np.unique(cols["instrument_id"], return_counts=True)
+        for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+            self.per_instrument[i] = self.per_instrument.get(i, 0) + c
+
+    def result(self, mappings: Iterable[SymbolInterval]) -> dict[str, Any]:
+        symbols: dict[int, set[str]] = {}
+        for m in mappings:
+            symbols.setdefault(m.instrument_id, set()).add(m.raw_symbol)
+        ts = self.minmax.get("ts_recv")
+        return {
+            "n_records": self.n,
+            "ts_recv_range": None
+            if ts is None
+            else {"min": ts[0], "max": ts[1], "min_utc": _iso(ts[0]), "max_utc": _iso(ts[1])},
+            "instruments": [
+                {"instrument_id": i, "raw_symbols": sorted(symbols.get(i, ())), "n_records": c}
+                for i, c in sorted(self.per_instrument.items())
+            ],
+            "columns": {name: {"min": mm[0], "max": mm[1]} for name, mm in self.minmax.items()},
+        }
+
+
+def describe_dbn(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, Any]:
+    """Header info of a DBN file; for supported schemas also counts, time range, instruments, min/max."""
+    path = Path(path)
+    h = dbn.read_header(path)
+    out: dict[str, Any] = {
+        "path": str(path),
+        "size": path.stat().st_size,
+        "compressed": h.compressed,
+        "dbn_version": h.version,
+        "dataset": h.dataset,
+        "schema": h.schema,
+        "start": h.start,
+        "end": h.end,
+        "limit": h.limit,
+        "stype_in": h.stype_in,
+        "stype_out": h.stype_out,
+        "ts_out": h.ts_out,
+        "symbols": list(h.symbols),
+        "symbol_map": [m.to_json() for m in h.mappings],
+        "header_hash": h.header_hash,
+        "decodable": h.schema in SCHEMAS,
+    }
+    if h.schema in SCHEMAS:
+        names = [n for n, _ in _columns(SCHEMAS[h.schema])]
+        stats = _Stats(names)
+        for arr in dbn.iter_records(path, chunk_bytes):
+            stats.add({n: arr[n] for n in names})
+        out.update(stats.result(h.mappings))
+    return out
+
+
+def describe_sidecar(path: Path | str) -> dict[str, Any]:
+    """Metadata, record count, time range, instruments and per-column min/max of a sidecar."""
+    path = Path(path)
+    batch = _open_batch(path)
+    meta = _meta(batch.schema)
+    symbol_map = _parse_symbol_map(path, meta["fx.symbol_map"])
+    out: dict[str, Any] = {"path": str(path), "size": path.stat().st_size}
+    out.update({k: v for k, v in meta.items() if k != "fx.symbol_map"})
+    out["symbol_map"] = [m.to_json() for m in symbol_map]
+    out["column_types"] = {f.name: str(f.type) for f in batch.schema}
+    stats = _Stats(list(batch.schema.names))
+    stats.add({n: _view(batch.column(n)) for n in batch.schema.names})
+    out.update(stats.result(symbol_map))
+    return out

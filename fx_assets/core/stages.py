@@ -1,0 +1,342 @@
+"""One quarter of each feature stage, from sidecar files to tables (no Dagster).
+
+Owns how the per-quarter stages are fed: which records are the active contract's, how a
+quarter is warmed up from the previous one, and how the book is streamed in bounded chunks.
+The kernels themselves live in :mod:`bars`, :mod:`bar_features` and :mod:`ofi`.
+
+- ``quarter_roll_calendar``: roll calendar of a quarter, seeded by the last session of the
+  previous quarter (the first session's active contract is decided by the session before it).
+- ``active_trades``: the trades of the session's active contract (halts and weekends, spreads
+  and deferred months dropped), in ``ts_recv`` order.
+- ``quarter_bars``: bars of those trades. Bar state resets at every session start, so a
+  quarter's bars never depend on another quarter.
+- ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
+  bars so that no bar of an interior quarter is dropped.
+- ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
+  quarter) are processed in chunks of about ``book_chunk`` book events; each chunk replays
+  enough earlier bars to rebuild every rolling state, which the OFI kernels guarantee gives
+  the sequential numbers, so peak memory is set by the chunk, not the quarter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from fx_assets.core import ofi as ofi_core
+from fx_assets.core.atomic import atomic_path
+from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
+from fx_assets.core.bars import BarConfig, BarTable, build_bars
+from fx_assets.core.calendar import session_day
+from fx_assets.core.dbn import UNDEF_PRICE, aggressor_sign, px_to_float
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_sidecars
+from fx_assets.core.sidecar import sidecar_columns
+
+N_LEVELS = 10
+DEFAULT_BOOK_CHUNK = 2_000_000
+
+
+# --- Arrow files ------------------------------------------------------------------------------
+
+
+def write_table(path: Path, table: pa.Table) -> Path:
+    """Write an uncompressed Arrow IPC file (one record batch) atomically."""
+    table = table.combine_chunks()
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    return path
+
+
+def read_table(path: Path) -> pa.Table:
+    """Memory-map an Arrow IPC file written by :func:`write_table`."""
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise FxDataError(f"{path}: cannot read Arrow table: {exc}") from exc
+
+
+# --- roll calendar --------------------------------------------------------------------------
+
+
+def quarter_roll_calendar(trades_sidecar: Path, prev_trades_sidecar: Path | None) -> RollCalendar:
+    """Roll calendar of the quarter; the previous quarter's last session seeds its first one."""
+    return roll_calendar_from_sidecars(trades_sidecar, prev_trades_sidecar)
+
+
+def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
+    """Inverse of ``RollCalendar.to_arrow`` (events rebuilt from the roll flags)."""
+    d = table.to_pydict()
+    sess = np.asarray(d["session_day"], dtype=np.int32)
+    iid = np.asarray(d["instrument_id"], dtype=np.uint32)
+    is_roll = np.asarray(d["is_roll"], dtype=bool)
+    from fx_assets.core.roll import RollEvent
+
+    # A roll on the first row came from a contract of the previous quarter (unknown here: 0).
+    events = tuple(
+        RollEvent(
+            int(sess[i]),
+            int(iid[i - 1]) if i > 0 else 0,
+            int(iid[i]),
+            d["raw_symbol"][i - 1] if i > 0 else None,
+            d["raw_symbol"][i],
+        )
+        for i in np.flatnonzero(is_roll)
+    )
+    return RollCalendar(sess, iid, tuple(d["raw_symbol"]), tuple(d["expiry"]), is_roll, events)
+
+
+# --- trades ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActiveTrades:
+    """Trades of the active contract, ``ts_recv`` order; prices in index points."""
+
+    ts: npt.NDArray[np.int64]
+    price: npt.NDArray[np.float64]
+    size: npt.NDArray[np.float64]
+    sign: npt.NDArray[np.int8]
+    session: npt.NDArray[np.int32]
+    instrument_id: npt.NDArray[np.uint32]
+    n_source: int
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+def active_trades(trades_sidecar: Path, calendar: RollCalendar) -> ActiveTrades:
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    ts = cols["ts_recv"]
+    sess = session_day(ts)
+    mask = active_mask(sess, cols["instrument_id"], calendar)
+    mask &= (cols["price"] != UNDEF_PRICE) & (cols["price"] > 0) & (cols["size"] > 0)
+    idx = np.flatnonzero(mask)
+    if idx.size and np.any(np.diff(ts[idx]) < 0):
+        raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
+    return ActiveTrades(
+        ts=ts[idx],
+        price=px_to_float(cols["price"][idx]),
+        size=cols["size"][idx].astype(np.float64),
+        sign=aggressor_sign(cols["side"][idx]),
+        session=sess[idx],
+        instrument_id=cols["instrument_id"][idx].astype(np.uint32),
+        n_source=int(ts.shape[0]),
+    )
+
+
+def quarter_bars(trades: ActiveTrades, config: BarConfig) -> BarTable:
+    return build_bars(
+        trades.ts, trades.price, trades.size, trades.sign, trades.session, trades.instrument_id, config
+    )
+
+
+# --- bar features ---------------------------------------------------------------------------
+
+
+def warmup_tail(previous: Sequence[BarTable], n: int) -> BarTable | None:
+    """The last ``n`` bars of the earlier quarters (oldest first in ``previous``)."""
+    tables = [b for b in previous if len(b)]
+    if not tables or n <= 0:
+        return None
+    joined = BarTable.concat(tables) if len(tables) > 1 else tables[0]
+    start = max(len(joined) - n, 0)
+    return joined.slice(start, len(joined))
+
+
+def quarter_bar_features(
+    bars: BarTable, previous: Sequence[BarTable], config: BarFeatureConfig
+) -> FeatureTable:
+    """Features of ``bars`` warmed up from the previous quarters' last ``max_window`` bars."""
+    return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
+
+
+# --- book -----------------------------------------------------------------------------------
+
+
+def infer_tick_size(px: npt.NDArray[np.int64], sample: int = 200_000) -> float:
+    """Tick of a contract from its prices (1e-9 units): the gcd of the defined prices' gaps."""
+    p = px[:sample]
+    p = p[(p != UNDEF_PRICE) & (p > 0)]
+    if p.size < 2:
+        raise FxDataError("cannot infer the tick size: fewer than two defined prices")
+    gaps = np.abs(np.diff(np.unique(p)))
+    g = int(np.gcd.reduce(gaps)) if gaps.size else 0
+    if g <= 0:
+        raise FxDataError("cannot infer the tick size: all prices equal")
+    return g * 1e-9
+
+
+@dataclass(frozen=True)
+class BookSource:
+    """A quarter's MBP-10 sidecar and the calendar selecting its active contract."""
+
+    path: Path
+    calendar: RollCalendar
+
+
+def _book_rows(src: BookSource, cols: dict[str, np.ndarray], lo: int, hi: int) -> ofi_core.BookArrays:
+    ts = cols["ts_recv"][lo:hi]
+    sess = session_day(ts)
+    keep = np.flatnonzero(active_mask(sess, cols["instrument_id"][lo:hi], src.calendar)) + lo
+
+    def mat(prefix: str, price: bool) -> np.ndarray:
+        out = np.empty((keep.size, N_LEVELS), dtype=np.float64)
+        for i in range(N_LEVELS):
+            c = cols[f"{prefix}_{i:02d}"][keep]
+            out[:, i] = px_to_float(c) if price else c
+        return out
+
+    return ofi_core.BookArrays(
+        ts=cols["ts_recv"][keep],
+        bid_px=mat("bid_px", True),
+        ask_px=mat("ask_px", True),
+        bid_sz=mat("bid_sz", False),
+        ask_sz=mat("ask_sz", False),
+        bid_ct=mat("bid_ct", False),
+        ask_ct=mat("ask_ct", False),
+    )
+
+
+def _concat_book(parts: list[ofi_core.BookArrays]) -> ofi_core.BookArrays:
+    if len(parts) == 1:
+        return parts[0]
+    return ofi_core.BookArrays(
+        *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in ("ts", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")
+        )
+    )
+
+
+_BOOK_COLUMNS = ["ts_recv", "instrument_id"] + [
+    f"{s}_{q}_{i:02d}" for s in ("bid", "ask") for q in ("px", "sz", "ct") for i in range(N_LEVELS)
+]
+
+
+def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return ofi_core.OfiFeatures(
+        ts_close=np.concatenate([p.ts_close for p in parts]),
+        bars_since_reset=np.concatenate([p.bars_since_reset for p in parts]),
+        columns={k: np.concatenate([p.columns[k] for p in parts]) for k in first.columns},
+        config=first.config,
+        tick_size=first.tick_size,
+        meta=dict(first.meta),
+    )
+
+
+def quarter_ofi(
+    bars: BarTable,
+    trades: ActiveTrades,
+    book: BookSource,
+    config: ofi_core.OfiConfig,
+    *,
+    prev_bars: BarTable | None = None,
+    prev_trades: ActiveTrades | None = None,
+    prev_book: BookSource | None = None,
+    book_chunk: int = DEFAULT_BOOK_CHUNK,
+    partition: str = "?",
+) -> ofi_core.OfiFeatures:
+    """OFI features of ``bars`` (one quarter), warmed up from the previous quarter's tail.
+
+    The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
+    quarter's; it is cut into chunks of about ``book_chunk`` book events, and each chunk after
+    the first replays the ``ofi_warmup_bars`` bars before it, so every chunk starts from the
+    state the sequential pass would have.
+    """
+    book_cols = sidecar_columns(book.path, _BOOK_COLUMNS)
+    if book_cols["ts_recv"].size == 0:
+        raise FxDataError(f"OFI {partition}: the MBP-10 sidecar {book.path} holds no book records")
+    tick = infer_tick_size(book_cols["bid_px_00"])
+    sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
+    n_warm = 0
+    before_first: int | None = None  # close of the bar before bar 0 of the bar list
+    if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
+        n_warm = ofi_core.ofi_warmup_bars(prev_bars.volume, config)
+        k = len(prev_bars) - n_warm
+        all_bars = BarTable.concat([prev_bars.slice(k, len(prev_bars)), bars])
+        before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
+        sources.append((prev_book, sidecar_columns(prev_book.path, _BOOK_COLUMNS)))
+        t_ts = np.concatenate([prev_trades.ts, trades.ts])
+        t_px = np.concatenate([prev_trades.price, trades.price])
+        t_sz = np.concatenate([prev_trades.size, trades.size])
+        t_sg = np.concatenate([prev_trades.sign, trades.sign])
+    else:
+        all_bars = bars
+        t_ts, t_px, t_sz, t_sg = trades.ts, trades.price, trades.size, trades.sign
+    sources.append((book, book_cols))
+    ts_close = all_bars.ts_close
+    inst = all_bars.instrument_id
+    n_all = len(ts_close)
+
+    def close_before(j: int) -> int | None:
+        return int(ts_close[j - 1]) if j > 0 else before_first
+
+    # Book events up to each bar's close, over all sources: sets the chunk boundaries.
+    cum = np.zeros(n_all, dtype=np.int64)
+    for _, c in sources:
+        cum += np.searchsorted(c["ts_recv"], ts_close, side="right")
+    bounds = [n_warm]
+    while bounds[-1] < n_all:
+        start = bounds[-1]
+        base = int(cum[start - 1]) if start > 0 else 0
+        nxt = int(np.searchsorted(cum, base + book_chunk, side="right"))
+        bounds.append(min(max(nxt, start + 1), n_all))
+
+    outs: list[ofi_core.OfiFeatures] = []
+    for b0, b1 in itertools.pairwise(bounds):
+        w0 = 0 if b0 == n_warm else b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config)
+        t_start = close_before(w0)
+        lo_t = t_start if t_start is not None else np.iinfo(np.int64).min
+        hi_t = int(ts_close[b1 - 1])
+        parts = []
+        for src, c in sources:
+            lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
+            hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
+            if hi > lo:
+                parts.append(_book_rows(src, c, lo, hi))
+        book_arr = _concat_book(parts) if parts else _book_rows(book, book_cols, 0, 0)
+        tl = int(np.searchsorted(t_ts, lo_t, side="right"))
+        th = int(np.searchsorted(t_ts, hi_t, side="right"))
+        outs.append(
+            ofi_core.compute_ofi_features(
+                book_arr,
+                ofi_core.TradeArrays(t_ts[tl:th], t_px[tl:th], t_sz[tl:th], t_sg[tl:th]),
+                ts_close[w0:b1],
+                inst[w0:b1],
+                config,
+                tick_size=tick,
+                n_warmup=b0 - w0,
+                ts_window_start=t_start,
+                partition=partition,
+            )
+        )
+    if not outs:  # a quarter without bars
+        return ofi_core.compute_ofi_features(
+            _book_rows(book, book_cols, 0, 0),
+            ofi_core.TradeArrays(t_ts[:0], t_px[:0], t_sz[:0], t_sg[:0]),
+            ts_close[:0],
+            inst[:0],
+            config,
+            tick_size=tick,
+            partition=partition,
+        )
+    return _concat_ofi(outs)
+
+
+def quarter_first_day(bars: BarTable) -> dt.date | None:
+    if not len(bars):
+        return None
+    return dt.date(1970, 1, 1) + dt.timedelta(days=int(bars.session_id[0]))
