@@ -5,9 +5,17 @@
     raw_trades ─┐  raw_mbp10 ─┐                      observable sources (.dbn.zst files)
                 ▼             ▼
     predecoded_trades    predecoded_mbp10            decode once -> Arrow IPC sidecar
-                │
-                ▼
-           roll_calendar                             active contract per session
+                │             │
+                ▼             │
+           roll_calendar      │                      active contract per session
+                │             │
+                ▼             │
+              bars ───────────┤                      volume / imbalance bars (active contract)
+                │             │
+        bar_features     ofi_features                warm-up from the previous quarter
+                └──────┬──────┘
+                       ▼
+                    fxcache                          one flat file per (quarter, symbol)
 
 Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
 file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`).
@@ -19,9 +27,11 @@ import warnings
 
 import dagster as dg
 
+from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
 from fx_assets.partitions import quarter_symbol_partitions
+from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 from fx_assets.settings import ProjectSettings, load_settings
 
@@ -35,19 +45,37 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     partitions = quarter_symbol_partitions(settings)
     raw_trades, raw_mbp10 = make_raw_assets(partitions)
     predecoded_trades, predecoded_mbp10, roll_calendar = make_ingest_assets(partitions, raw_trades, raw_mbp10)
+    bars, bar_features, ofi_features, fxcache = make_feature_assets(
+        partitions, roll_calendar, predecoded_trades, predecoded_mbp10
+    )
+    feature_assets = [
+        predecoded_trades,
+        predecoded_mbp10,
+        roll_calendar,
+        bars,
+        bar_features,
+        ofi_features,
+        fxcache,
+    ]
 
     observe_raw = dg.define_asset_job(
-        "observe_raw", selection=dg.AssetSelection.assets(raw_trades, raw_mbp10), partitions_def=partitions
-    )
-    ingest = dg.define_asset_job(
-        "ingest",
-        selection=dg.AssetSelection.assets(predecoded_trades, predecoded_mbp10, roll_calendar),
+        "observe_raw",
+        selection=dg.AssetSelection.assets(raw_trades.key, raw_mbp10.key),
         partitions_def=partitions,
     )
+    build_features = dg.define_asset_job(
+        "build_features",
+        selection=dg.AssetSelection.assets(*feature_assets),
+        partitions_def=partitions,
+        description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
+    )
     return dg.Definitions(
-        assets=[raw_trades, raw_mbp10, predecoded_trades, predecoded_mbp10, roll_calendar],
-        jobs=[observe_raw, ingest],
-        resources={"storage": FxStorage(root=str(settings.data_root))},
+        assets=[raw_trades, raw_mbp10, *feature_assets],
+        jobs=[observe_raw, build_features],
+        resources={
+            "storage": FxStorage(root=str(settings.data_root)),
+            "pipeline": PipelineConfig(),
+        },
     )
 
 

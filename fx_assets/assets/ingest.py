@@ -7,24 +7,22 @@ source identity and format version still match, and downstream assets call it ag
 stale sidecar is never read and a fresh one is never decoded twice.
 """
 
-from __future__ import annotations
-
 import time
 
 import dagster as dg
-import pyarrow as pa
 from pydantic import Field
 
+from fx_assets.assets.common import StageIO, keyed_result
+from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
-from fx_assets.core.atomic import atomic_path
-from fx_assets.core.cachekey import SourceIdentity, cache_key, hexkey
-from fx_assets.core.calendar import previous_quarter, quarter_label, session_day, session_label
+from fx_assets.core.calendar import previous_quarter, quarter_label, session_label
+from fx_assets.core.stages import write_table
 from fx_assets.partitions import QuarterSymbol, context_partition, previous_quarter_mapping
+from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
 SIDECAR_CODE_VERSION = f"sidecar-v{sidecar_core.SIDECAR_FORMAT_VERSION}"
-ROLL_CODE_VERSION = "roll-v1"
 
 
 class DecodeConfig(dg.Config):
@@ -65,7 +63,7 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
     @dg.asset(
         name=name,
         partitions_def=partitions_def,
-        deps=[raw_asset],
+        deps=[raw_asset.key],
         group_name="ingest",
         code_version=SIDECAR_CODE_VERSION,
         pool="decode",
@@ -109,62 +107,55 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
         partitions_def=partitions_def,
         deps=[dg.AssetDep(predecoded_trades, partition_mapping=previous_quarter_mapping())],
         group_name="ingest",
-        code_version=ROLL_CODE_VERSION,
+        code_version=lineage.CODE_VERSIONS["roll_calendar"],
         kinds={"arrow"},
         description=(
             "Active outright contract per session (most volume in the previous session, never "
             "back to an earlier expiry; calendar spreads excluded) and the roll dates."
         ),
     )
-    def roll_calendar(context: dg.AssetExecutionContext, storage: FxStorage) -> dg.MaterializeResult:
+    def roll_calendar(
+        context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.MaterializeResult:
         part = context_partition(context)
-        info = load_sidecar(storage, "trades", part)
-        prev_part = QuarterSymbol(previous_quarter(part.quarter), part.symbol)
-        prev_info = None
-        if storage.raw_file("trades", prev_part.symbol, prev_part.quarter).is_file():
-            prev_info = load_sidecar(storage, "trades", prev_part)
-        cal = roll_core.roll_calendar_from_sidecars(info.path, prev_info.path if prev_info else None)
-        sources = [SourceIdentity.from_path(info.source)]
-        if prev_info:
-            sources.append(SourceIdentity.from_path(prev_info.source))
-        key = hexkey(cache_key(configs=[], sources=sources, format_version=1, code_version=ROLL_CODE_VERSION))
-        out = storage.layout.stage_file("roll_calendar", part.symbol, part.quarter, key, "arrow")
-        with atomic_path(out) as tmp:
-            table: pa.Table = cal.to_arrow()
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+        io = StageIO(storage, pipeline, part)
+        info = io.sidecar("trades")
+        prev_q = previous_quarter(part.quarter)
+        prev = io.sidecar("trades", prev_q) if io.has_raw("trades", prev_q) else None
+        cal = roll_core.roll_calendar_from_sidecars(info.path, prev.path if prev else None)
+        out = write_table(io.path("roll_calendar"), cal.to_arrow())
         rows = [
             dg.TableRecord(
                 {
                     "session": session_label(ev.session_day),
                     "from": ev.from_symbol or "",
-                    "to": ev.to_symbol,
+                    "to": ev.to_symbol or "",
                 }
             )
-            for ev in cal.rolls
+            for ev in cal.events
         ]
-        context.log.info(f"{part.label}: {cal.n_sessions} sessions, {len(cal.rolls)} roll(s)")
-        return dg.MaterializeResult(
-            metadata={
-                "quarter": quarter_label(part.quarter),
-                "path": dg.MetadataValue.path(str(out)),
-                "sessions": cal.n_sessions,
-                "rolls": dg.MetadataValue.table(
-                    rows,
-                    schema=dg.TableSchema(
-                        columns=[
-                            dg.TableColumn("session", "string"),
-                            dg.TableColumn("from", "string"),
-                            dg.TableColumn("to", "string"),
-                        ]
-                    ),
+        symbols = sorted({s for s in cal.raw_symbol if s})
+        context.log.info(f"{part.label}: {len(cal)} sessions, {len(cal.events)} roll(s)")
+        return keyed_result(
+            io.key("roll_calendar"),
+            out,
+            part,
+            sessions=len(cal),
+            rolls=dg.MetadataValue.table(
+                rows,
+                schema=dg.TableSchema(
+                    columns=[
+                        dg.TableColumn("session", "string"),
+                        dg.TableColumn("from", "string"),
+                        dg.TableColumn("to", "string"),
+                    ]
                 ),
-                "contracts": ", ".join(cal.contracts()),
-            },
-            data_version=dg.DataVersion(key[:20]),
+            ),
+            contracts=", ".join(symbols),
+            seeded_from_previous_quarter=prev is not None,
         )
 
     return predecoded_trades, predecoded_mbp10, roll_calendar
 
 
-__all__ = ["DecodeConfig", "load_sidecar", "make_ingest_assets", "session_day"]
+__all__ = ["DecodeConfig", "load_sidecar", "make_ingest_assets"]

@@ -5,8 +5,6 @@ Observing reports one data version per (quarter, symbol) partition from the file
 downstream of it as unsynced.
 """
 
-from __future__ import annotations
-
 import hashlib
 from pathlib import Path
 

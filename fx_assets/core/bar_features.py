@@ -61,8 +61,9 @@ class BarFeatureConfig(BaseModel):
         "real 1-bar moves are far below 0.1, corrupt prints far above. Clamped bars are flagged "
         "by log_return_clamped.",
     )
-    rv_windows: tuple[int, ...] = Field(
-        (20, 50), description="Windows (bars) of realised volatility sqrt(sum r^2) features."
+    rv_windows: list[int] = Field(
+        default_factory=lambda: [20, 50],
+        description="Windows (bars) of realised volatility sqrt(sum r^2) features.",
     )
     ewma_vol_span: int = Field(
         100, ge=2, description="Span (bars) of the EWMA volatility; alpha = 2/(span+1)."

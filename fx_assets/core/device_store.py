@@ -27,6 +27,7 @@ With no CUDA device the same code runs on the CPU (no pinning, synchronous copie
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections import OrderedDict
@@ -210,7 +211,8 @@ class DeviceStore:
         """Upload one quarter's fxcache block once.
 
         ``values`` is ``[n, w]`` float32, float64, or uint16 (bfloat16 bit patterns), e.g. a
-        memmap of the fxcache value block; it is read chunk by chunk. ``price_columns`` names the
+        memmap of the fxcache value block; it is read chunk by chunk. ``columns`` names the first
+        ``len(columns) <= w`` columns; the rest is row padding. ``price_columns`` names the
         columns kept in float64 (default: those of :data:`DEFAULT_PRICE_COLUMNS` present);
         ``prices`` (``[n, len(price_columns)]`` float64) must be given for a bf16 source.
         """
@@ -223,7 +225,9 @@ class DeviceStore:
             raise FxDataError(f"{key}: values must be 2-D [n, w], got shape {values.shape}")
         n, w = values.shape
         cols = tuple(columns)
-        if len(cols) != w or len(set(cols)) != w:
+        # fxcache rows are zero-padded to a multiple of 8 values: trailing unnamed columns are
+        # padding, uploaded with the block (one copy) and never addressed.
+        if len(cols) > w or len(set(cols)) != len(cols) or not cols:
             raise FxDataError(f"{key}: {len(cols)} column names (unique: {len(set(cols))}) for width {w}")
         if ts.shape[0] != n:
             raise FxDataError(f"{key}: {ts.shape[0]} timestamps for {n} value rows")
@@ -316,7 +320,9 @@ class DeviceStore:
         st = self._stats
         st.uploads += 1
         st.uploads_by_key[key] = st.uploads_by_key.get(key, 0) + 1
-        st.bytes_uploaded += n * w * (2 if wire_dtype in (torch.int16, torch.bfloat16) else 4) + prices_host.nbytes
+        st.bytes_uploaded += (
+            n * w * (2 if wire_dtype in (torch.int16, torch.bfloat16) else 4) + prices_host.nbytes
+        )
         st.upload_seconds += elapsed
         st.pinned_staging = st.pinned_staging or (cuda and bool(bufs[0].is_pinned()))
         st.chunks += n_chunks
@@ -342,11 +348,13 @@ class DeviceStore:
         if missing:
             raise FxDataError(f"concat_view: quarters {missing} are not resident (add_quarter first)")
         qs = [self._quarters[k] for k in kt]
-        for a, b in zip(qs[:-1], qs[1:], strict=True):
+        for a, b in itertools.pairwise(qs):
             if a.columns != b.columns or a.price_columns != b.price_columns:
                 raise FxDataError(f"concat_view: column layout of {b.key} differs from {a.key}")
             if a.ts[-1] > b.ts[0]:
-                raise FxDataError(f"concat_view: {b.key} starts before {a.key} ends (keys must be in time order)")
+                raise FxDataError(
+                    f"concat_view: {b.key} starts before {a.key} ends (keys must be in time order)"
+                )
         lens = np.array([q.values.shape[0] for q in qs], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         if len(qs) == 1:

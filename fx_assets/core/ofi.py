@@ -99,8 +99,8 @@ class OfiConfig(BaseModel):
     kyle_min_bars: int = Field(
         20, ge=3, description="Minimum valid (x, y) bars in the Kyle window; fewer gives NaN."
     )
-    trade_imbalance_windows: tuple[int, ...] = Field(
-        (1, 5, 20),
+    trade_imbalance_windows: list[int] = Field(
+        default_factory=lambda: [1, 5, 20],
         description="Trade-imbalance windows, in bars (one feature trade_imbalance_<w> each).",
     )
     rv_return_scale: float = Field(

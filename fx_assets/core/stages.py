@@ -41,6 +41,7 @@ from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_si
 from fx_assets.core.sidecar import sidecar_columns
 
 N_LEVELS = 10
+F64 = npt.NDArray[np.float64]
 DEFAULT_BOOK_CHUNK = 2_000_000
 
 
@@ -340,3 +341,108 @@ def quarter_first_day(bars: BarTable) -> dt.date | None:
     if not len(bars):
         return None
     return dt.date(1970, 1, 1) + dt.timedelta(days=int(bars.session_id[0]))
+
+
+# --- fxcache assembly -----------------------------------------------------------------------
+
+
+def book_mid_asof(book: BookSource, ts_query: npt.NDArray[np.int64], chunk: int = DEFAULT_BOOK_CHUNK) -> F64:
+    """Mid price of the active contract's book as of each query time (last valid snapshot with
+    ``ts_recv <= t``; NaN before the first). Streams the book in chunks of ``chunk`` records."""
+    cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
+    ts = cols["ts_recv"]
+    q = np.asarray(ts_query, dtype=np.int64)
+    order = np.argsort(q, kind="stable")
+    out = np.full(q.shape[0], np.nan)
+    last_ts: list[np.ndarray] = []
+    last_mid: list[np.ndarray] = []
+    for lo in range(0, ts.shape[0], chunk):
+        hi = min(lo + chunk, ts.shape[0])
+        t = ts[lo:hi]
+        keep = active_mask(session_day(t), cols["instrument_id"][lo:hi], book.calendar)
+        b = cols["bid_px_00"][lo:hi]
+        a = cols["ask_px_00"][lo:hi]
+        keep &= (b != UNDEF_PRICE) & (a != UNDEF_PRICE) & (b > 0) & (b <= a)
+        if keep.any():
+            last_ts.append(t[keep])
+            last_mid.append((px_to_float(b[keep]) + px_to_float(a[keep])) / 2.0)
+        # Only the valid snapshots are kept: 16 bytes each, far less than the 368-byte records.
+    if last_ts:
+        vt = np.concatenate(last_ts)
+        vm = np.concatenate(last_mid)
+        idx = np.searchsorted(vt, q[order], side="right") - 1
+        ok = idx >= 0
+        res = np.full(q.shape[0], np.nan)
+        res[ok] = vm[idx[ok]]
+        out[order] = res
+    return out
+
+
+def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
+    """Per bar, the contract's expiry as ``yyyymm`` (or the instrument id when the expiry is
+    unknown): trainers use it to keep labels from spanning a roll."""
+    code_by_iid: dict[int, float] = {}
+    for iid, exp in zip(calendar.instrument_id, calendar.expiry, strict=True):
+        code_by_iid[int(iid)] = float(exp.year * 100 + exp.month) if exp is not None else float(iid)
+    uniq, inv = np.unique(bars.instrument_id, return_inverse=True)
+    codes = np.array([code_by_iid.get(int(u), float(u)) for u in uniq], dtype=np.float64)
+    return codes[inv]
+
+
+PRICE_COLUMNS = ("open", "high", "low", "close", "vwap", "mid_open", "contract")
+
+
+def assemble_fxcache_columns(
+    bars: BarTable,
+    features: FeatureTable,
+    ofi: ofi_core.OfiFeatures,
+    book: BookSource,
+) -> tuple[npt.NDArray[np.int64], dict[str, tuple[list[str], F64]], dict[str, int]]:
+    """(ts_close, {group: (names, values)}, dropped-row counts) for ``write_fxcache``.
+
+    Rows with any undefined value are dropped and counted: the first quarter's warm-up and the
+    bars right after a roll, where the OFI state was reset (VPIN, Kyle λ, deltas). Nothing
+    forward-looking is included: prices are the bar's own, the mid is as of the bar's open.
+    """
+    n = len(bars)
+    if len(features) != n or len(ofi) != n:
+        raise FxDataError(
+            f"fxcache: bars ({n}), bar_features ({len(features)}) and ofi_features ({len(ofi)}) differ in length"
+        )
+    if not (np.array_equal(features.ts_close, bars.ts_close) and np.array_equal(ofi.ts_close, bars.ts_close)):
+        raise FxDataError("fxcache: bars, bar_features and ofi_features are not aligned on ts_close")
+    price = (
+        np.column_stack(
+            [
+                bars.open,
+                bars.high,
+                bars.low,
+                bars.close,
+                bars.vwap,
+                book_mid_asof(book, bars.ts_open),
+                contract_codes(bars, book.calendar),
+            ]
+        )
+        if n
+        else np.zeros((0, len(PRICE_COLUMNS)))
+    )
+    f_names = list(features.columns)
+    o_names = list(ofi.columns)
+    feat = np.column_stack([features.columns[k] for k in f_names]) if n else np.zeros((0, len(f_names)))
+    ofiv = np.column_stack([ofi.columns[k] for k in o_names]) if n else np.zeros((0, len(o_names)))
+    ok_f = np.isfinite(feat).all(axis=1)
+    ok_o = np.isfinite(ofiv).all(axis=1)
+    ok_p = np.isfinite(price).all(axis=1)
+    keep = ok_f & ok_o & ok_p
+    dropped = {
+        "bar_features_undefined": int((~ok_f).sum()),
+        "ofi_undefined": int((~ok_o).sum()),
+        "no_book_at_open": int((~ok_p).sum()),
+        "total": int((~keep).sum()),
+    }
+    groups = {
+        "feature": (f_names, feat[keep]),
+        "price": (list(PRICE_COLUMNS), price[keep]),
+        "ofi": (o_names, ofiv[keep]),
+    }
+    return bars.ts_close[keep], groups, dropped

@@ -46,6 +46,11 @@ class PipelineConfig(dg.ConfigurableResource):
     bar_features: BarFeaturesConfig = Field(default_factory=BarFeaturesConfig, description="Bar features.")
     ofi: OfiFeaturesConfig = Field(default_factory=OfiFeaturesConfig, description="OFI / book features.")
     fxcache: FxCacheWriteConfig = Field(default_factory=FxCacheWriteConfig, description="fxcache layout.")
+    bars_target_per_session: int | None = Field(
+        None,
+        description="Expected bars per session; a warning is logged when a quarter drifts more "
+        "than ±50% from it (useful with imbalance bars). Does not change any output.",
+    )
 
     def stage_configs(self) -> StageConfigs:
         """The core models (not the Dagster subclasses, whose class names would otherwise enter

@@ -9,7 +9,12 @@ Owns the one place where a fold's model inputs and labels come into being (DESIG
   (3) derives the 1-bar forward return and the blended multi-horizon target from the float64
   close column restricted to ``[train_start, val_end)`` — so no label can read a price beyond the
   validation quarter — and (4) checks, with one host sync at the end, that the purge holds, that
-  every training label is defined and that no input is NaN/Inf.
+  every training label is defined (unless ``segments`` marks contract rolls, whose spanning
+  labels are NaN and left out) and that no input is NaN/Inf. The torch label functions of
+  ``core.labels`` validate the close column themselves (one small sync each).
+- Model selection (early stopping) is measured on a purged tail of the training rows by default
+  (``early_stopping='inner'``), so the reported validation metrics are out of sample; with
+  ``'validation'`` the validation quarter itself picks the epoch (biased upwards).
 - :class:`TrainConfig` (frozen pydantic) is the full training configuration; it is written into
   every checkpoint sidecar.
 - :func:`evaluate_positions` turns a validation position path into the trading metrics.
@@ -37,9 +42,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
 
-from fx_assets.core import calendar
+from fx_assets.core import calendar, labels
+from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_path, atomic_write_text
-from fx_assets.core.device_store import DeviceSlice
+from fx_assets.core.device_store import CLOSE_COLUMN, DEFAULT_PRICE_COLUMNS, DeviceSlice
 from fx_assets.core.errors import FxDataError
 
 
@@ -62,7 +68,7 @@ class TrainConfig(BaseModel):
         None, ge=1, description="Cap on optimiser steps per epoch (None: one pass over the training rows)."
     )
     horizons: tuple[int, ...] = Field((1, 5, 30), description="Label horizons in bars (blended target).")
-    entry_lag: int = Field(1, ge=0, description="Bars between decision and fill (d in y^(h)).")
+    entry_lag: int = Field(1, ge=0, le=1, description="Bars between decision and fill (d in y^(h)): 0 or 1.")
     target: Literal["blended", "h1"] = Field(
         "blended", description="MLP training target: blended multi-horizon return or 1-bar return."
     )
@@ -80,6 +86,13 @@ class TrainConfig(BaseModel):
     val_metric: Literal["auto", "auc", "sharpe", "total_return"] = Field(
         "auto", description="Early-stopping metric (auto: AUC for MLP, Sharpe for DQN)."
     )
+    early_stopping: Literal["inner", "validation"] = Field(
+        "inner",
+        description="Where the early-stopping metric is measured: 'inner' = the last inner_frac of the "
+        "training rows, purged from the rows fitted on (no validation information reaches model "
+        "selection); 'validation' = the validation quarter itself (selection-biased).",
+    )
+    inner_frac: float = Field(0.15, gt=0, lt=0.5, description="Share of training rows held out for 'inner'.")
     deterministic: bool = Field(True, description="torch.use_deterministic_algorithms during training.")
     # --- DQN
     gamma: float = Field(0.9, ge=0, lt=1, description="DQN discount per bar.")
@@ -108,7 +121,7 @@ class TrainConfig(BaseModel):
     @property
     def purge_bars(self) -> int:
         """Minimum gap between train_end and val_start: the longest label reach."""
-        return self.entry_lag + max(self.horizons)
+        return labels.max_horizon(self.horizons, self.entry_lag)
 
     def metric_name(self) -> str:
         if self.val_metric != "auto":
@@ -152,6 +165,7 @@ class FoldData:
     r1_val: torch.Tensor  # [n_val] float64
     val_ts: npt.NDArray[np.int64]
     val_sessions: npt.NDArray[np.int32]
+    train_sessions: npt.NDArray[np.int32]
     horizons: tuple[int, ...]
     entry_lag: int
     target: str
@@ -179,21 +193,23 @@ class FoldData:
 # ---------------------------------------------------------------------------- labels
 def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(1-bar forward return, blended target) on the device via core.labels (torch path)."""
-    from fx_assets.core import labels
-
-    r1 = labels.forward_log_return(close, 1, lag=lag)
-    blended = labels.blended_target(close, tuple(horizons), lag=lag)
+    r1 = labels.forward_log_return_torch(close, 1, entry_lag=lag)
+    blended, _valid = labels.blended_target_torch(close, tuple(horizons), entry_lag=lag)
     return r1, blended
 
 
 # ---------------------------------------------------------------------------- fold transition
 def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tuple[str, ...], list[int]]:
-    """Model input columns: ``cfg.input_columns`` or every non-price column; never a price column."""
+    """Model input columns: ``cfg.input_columns`` or every column not stored as a price.
+
+    Raw price levels (:data:`DEFAULT_PRICE_COLUMNS`) are refused even when named explicitly: a
+    z-scored price level still carries the regime of the training window into the states.
+    """
     if cfg.input_columns is None:
         names = tuple(c for c in store_slice.columns if c not in store_slice.price_columns)
     else:
         names = tuple(cfg.input_columns)
-        leaked = [c for c in names if c in store_slice.price_columns]
+        leaked = [c for c in names if c in DEFAULT_PRICE_COLUMNS or c == CLOSE_COLUMN]
         if leaked:
             raise FxDataError(f"input columns {leaked} are raw price columns of {store_slice.keys}")
     if not names:
@@ -206,10 +222,16 @@ def fold_transition(
     fold_range: FoldRangeLike,
     cfg: TrainConfig,
     sessions: npt.NDArray[np.int32] | None = None,
+    segments: npt.NDArray[np.integer[Any]] | torch.Tensor | None = None,
 ) -> FoldData:
     """Build one fold's inputs and labels on the device (see module docstring).
 
     ``sessions`` (int32 session day per slice row) defaults to ``calendar.session_day(ts)``.
+    ``segments`` (one id per slice row, e.g. the contract's instrument_id) marks price series
+    that must not be differenced: a label whose horizon spans a change of segment (a contract
+    roll) is undefined (NaN), and such training rows are left out of the supervised loss and
+    earn nothing in the DQN environment. Without ``segments`` every training label must be
+    defined (finite prices and the purge guarantee it), else FxDataError.
     """
     ts0, te, vs, ve = (
         int(fold_range.train_start),
@@ -234,42 +256,48 @@ def fold_transition(
     v0 = vs - ts0
 
     block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
-    train = block[:n_tr]
-    var, mean = torch.var_mean(train.to(torch.float64), dim=0, correction=0)
+    var, mean = torch.var_mean(block[:n_tr].to(torch.float64), dim=0, correction=0)
     std = var.sqrt()
     std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
-    x = ((block - mean.to(torch.float32)) / std.to(torch.float32)).clamp_(-cfg.clip_z, cfg.clip_z)
+    inv = std.reciprocal()
+    # x = (block - mean) / std in one fused pass, then clipped in place
+    x = torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
+        -cfg.clip_z, cfg.clip_z
+    )
 
     close = store_slice.close[ts0:ve]  # labels never read a price past val_end
     r1, blended = _labels(close, cfg.horizons, cfg.entry_lag)
+    if segments is not None:
+        r1, blended = _mask_segment_crossings(segments, ts0, ve, n, r1, blended, cfg, where)
     target = blended if cfg.target == "blended" else r1
 
-    # One host sync for all checks: non-finite inputs, undefined training labels.
-    finite_rows = torch.isfinite(block).all(dim=1)
+    # One host sync for all checks. A NaN/Inf input makes its column's mean/var (training rows)
+    # or sum (validation rows) non-finite, which is far cheaper than an elementwise isfinite.
     checks = torch.stack(
         [
-            (~finite_rows[:n_tr]).sum(),
-            (~finite_rows[v0:]).sum(),
+            (~(torch.isfinite(mean) & torch.isfinite(var))).sum(),
+            (~torch.isfinite(block[v0:].sum(dim=0, dtype=torch.float64))).sum(),
             (~torch.isfinite(target[:n_tr])).sum(),
             (~torch.isfinite(r1[:n_tr])).sum(),
         ]
     ).tolist()
-    if checks[0] or checks[1]:
+    if checks[0] or checks[1]:  # slow path, only to name the first bad value
         bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
         bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
         r, c = int(bad[0, 0]), int(bad[0, 1])
         raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
-    if checks[2] or checks[3]:
+    if (checks[2] or checks[3]) and segments is None:
         raise FxDataError(f"{where}: {max(checks[2], checks[3])} training labels undefined (purge/prices)")
 
-    sess_all = sessions if sessions is not None else None
     val_ts = store_slice.ts[vs:ve]
-    if sess_all is None:
+    if sessions is None:
         val_sessions = calendar.session_day(val_ts).astype(np.int32)
+        train_sessions = calendar.session_day(store_slice.ts[ts0:te]).astype(np.int32)
     else:
-        if sess_all.shape[0] != n:
-            raise FxDataError(f"{where}: {sess_all.shape[0]} session ids for {n} slice rows")
-        val_sessions = np.asarray(sess_all[vs:ve], dtype=np.int32)
+        if sessions.shape[0] != n:
+            raise FxDataError(f"{where}: {sessions.shape[0]} session ids for {n} slice rows")
+        val_sessions = np.asarray(sessions[vs:ve], dtype=np.int32)
+        train_sessions = np.asarray(sessions[ts0:te], dtype=np.int32)
 
     return FoldData(
         keys=store_slice.keys,
@@ -285,10 +313,62 @@ def fold_transition(
         r1_val=r1[v0:],
         val_ts=val_ts,
         val_sessions=val_sessions,
+        train_sessions=train_sessions,
         horizons=tuple(cfg.horizons),
         entry_lag=cfg.entry_lag,
         target=cfg.target,
+        extra={"train_labels_undefined": int(max(checks[2], checks[3]))},
     )
+
+
+def _mask_segment_crossings(
+    segments: npt.NDArray[np.integer[Any]] | torch.Tensor,
+    ts0: int,
+    ve: int,
+    n: int,
+    r1: torch.Tensor,
+    blended: torch.Tensor,
+    cfg: TrainConfig,
+    where: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NaN the labels whose price window ``[j+d, j+d+h]`` contains a change of segment."""
+    seg = torch.as_tensor(segments, device=r1.device)
+    if seg.ndim != 1 or seg.shape[0] != n:
+        raise FxDataError(f"{where}: segments shape {tuple(seg.shape)}, want ({n},)")
+    seg = seg[ts0:ve]
+    # change count: c[k] = number of segment changes in rows 1..k, so a window [a, b] spans a change
+    # iff c[b] != c[a] (also for ids that come back later, e.g. A B A)
+    c = torch.cat([seg.new_zeros(1, dtype=torch.long), torch.cumsum((seg[1:] != seg[:-1]).long(), 0)])
+    d, m = cfg.entry_lag, seg.shape[0]
+    nan = torch.tensor(float("nan"), dtype=r1.dtype, device=r1.device)
+
+    def spans(h: int) -> torch.Tensor:
+        out = torch.zeros(m, dtype=torch.bool, device=r1.device)
+        k = m - d - h
+        if k > 0:
+            out[:k] = c[d + h :] != c[d : d + k]
+        return out
+
+    return torch.where(spans(1), nan, r1), torch.where(spans(max(cfg.horizons)), nan, blended)
+
+
+def selection_split(fold: FoldData, cfg: TrainConfig) -> tuple[int, int]:
+    """(fit_end, inner_start) in training-row indices.
+
+    With ``early_stopping='inner'`` the model is fitted on ``[0, fit_end)`` and selected on
+    ``[inner_start, n_train)``; ``inner_start - fit_end`` is the label reach, so no fitted label
+    reads an inner-block price. With ``'validation'`` it fits on every training row.
+    """
+    n_tr = int(fold.x_train.shape[0])
+    if cfg.early_stopping == "validation":
+        return n_tr, n_tr
+    inner_start = n_tr - max(1, int(n_tr * cfg.inner_frac))
+    fit_end = inner_start - cfg.purge_bars
+    if fit_end < 2:
+        raise FxDataError(
+            f"fold {fold.keys}: {n_tr} training rows leave nothing to fit after the inner block"
+        )
+    return fit_end, inner_start
 
 
 # ---------------------------------------------------------------------------- determinism
@@ -311,6 +391,14 @@ def seeded(seed: int, deterministic: bool = True) -> Iterator[None]:
         torch.backends.cudnn.benchmark = prev_bench
 
 
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; the fused kernel on CUDA (one launch per step instead of one per tensor group)."""
+    fused = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None
+    )
+
+
 def make_generator(device: torch.device, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
@@ -318,16 +406,6 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def strategy_returns(
-    pos: npt.NDArray[np.int8], r1: npt.NDArray[np.float64], cost: float
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
-    """Per-bar net log returns of a position path (positions forced flat where r1 is undefined)."""
-    p = np.where(np.isfinite(r1), pos, 0).astype(np.int8)
-    dpos = np.abs(np.diff(p.astype(np.float64), prepend=0.0))
-    ret = np.where(np.isfinite(r1), p * np.nan_to_num(r1), 0.0) - cost * dpos
-    return p, ret
-
-
 def evaluate_positions(
     pos: npt.NDArray[np.int8],
     r1: npt.NDArray[np.float64],
@@ -336,24 +414,31 @@ def evaluate_positions(
 ) -> tuple[dict[str, float], npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Trading metrics of validation positions: (metrics, positions, net returns, equity curve).
 
-    The equity curve is ``exp(cumsum(net returns))`` per validation bar (starting capital 1).
+    Positions are forced flat where the 1-bar return is undefined (the last ``entry_lag + 1``
+    validation bars, whose prices lie past the quarter), so a final position is closed and its
+    cost paid. Net returns follow ``metrics.strategy_returns``; the equity curve is
+    ``metrics.equity_curve`` (``E_0 = 1`` then one point per validation bar, length n + 1).
     """
-    from fx_assets.core import metrics as M
-
-    p, ret = strategy_returns(pos, r1, cost)
-    y = np.where(np.isfinite(r1), r1, 0.0)
+    ok = np.isfinite(r1)
+    p = np.where(ok, pos, 0).astype(np.int8)
+    y = np.where(ok, r1, 0.0)
+    ret = M.strategy_returns(p, y, cost)
+    hr = M.hit_rate(p, np.where(ok, r1, np.nan))
+    sd = float(ret.std(ddof=1)) if ret.size > 1 else 0.0
     out = {
         "sharpe": float(M.sharpe_daily(ret, sessions)),
         "max_drawdown": float(M.max_drawdown(ret)),
-        "hit_rate": float(M.hit_rate(p, y)),
+        "hit_rate": hr.rate,
+        "coverage": hr.coverage,
         "turnover": float(M.turnover(p)),
         "total_return": float(ret.sum()),
         "mean_bar_return": float(ret.mean()),
-        "t_stat": float(ret.mean() / (ret.std(ddof=1) / math.sqrt(ret.size))) if ret.std() > 0 else 0.0,
-        "exposure": float(np.mean(p != 0)),
+        # t statistic of the mean bar return: the "consistent profit" check of the null market.
+        "t_stat": float(ret.mean() / (sd / math.sqrt(ret.size))) if sd > 0 else 0.0,
         "n_val_bars": float(ret.size),
+        "n_sessions": float(np.unique(sessions).size),
     }
-    return out, p, ret, np.exp(np.cumsum(ret))
+    return out, p, ret, M.equity_curve(ret)
 
 
 # ---------------------------------------------------------------------------- results, checkpoints

@@ -1,0 +1,139 @@
+"""Helpers shared by the asset modules: keyed stage paths, upstream lookups and metadata tables.
+
+A stage's output path carries its cache key (:mod:`fx_assets.core.lineage`), computed from the
+pipeline configs and the identities of the raw files it was built from. A downstream asset
+computes the key of the upstream file it needs the same way, so it can only ever open the file
+built from today's sources and parameters — never a stale one; if that file does not exist it
+fails with a message naming the partition and the asset to materialize.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+
+from fx_assets.core import lineage
+from fx_assets.core.cachekey import SourceIdentity
+from fx_assets.core.calendar import quarter_label
+from fx_assets.core.sidecar import SidecarInfo, ensure_sidecar
+from fx_assets.partitions import QuarterSymbol
+from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.storage import FxStorage
+
+STAGE_SUFFIX = {
+    "roll_calendar": "arrow",
+    "bars": "arrow",
+    "bar_features": "arrow",
+    "ofi_features": "arrow",
+    "fxcache": "fxcache",
+}
+
+
+class StageIO:
+    """Paths and keys of one (quarter, symbol) partition's stage files."""
+
+    def __init__(self, storage: FxStorage, pipeline: PipelineConfig, part: QuarterSymbol) -> None:
+        self.storage = storage
+        self.layout = storage.layout
+        self.cfg = pipeline.stage_configs()
+        self.part = part
+        self._idents: dict[tuple[str, dt.date], SourceIdentity | None] = {}
+
+    # raw sources -------------------------------------------------------------------------
+    def raw(self, schema: str, quarter: dt.date | None = None) -> Path:
+        return self.layout.raw_file(schema, self.part.symbol, quarter or self.part.quarter)
+
+    def identity(self, schema: str, quarter: dt.date) -> SourceIdentity | None:
+        k = (schema, quarter)
+        if k not in self._idents:
+            p = self.raw(schema, quarter)
+            self._idents[k] = SourceIdentity.from_path(p) if p.is_file() else None
+        return self._idents[k]
+
+    def has_raw(self, schema: str, quarter: dt.date) -> bool:
+        return self.identity(schema, quarter) is not None
+
+    def sidecar(self, schema: str, quarter: dt.date | None = None) -> SidecarInfo:
+        q = quarter or self.part.quarter
+        src = self.raw(schema, q)
+        if not src.is_file():
+            raise dg.Failure(
+                f"{quarter_label(q)}|{self.part.symbol}: raw {schema} file {src} does not exist",
+                metadata={"expected_path": dg.MetadataValue.path(str(src))},
+            )
+        return ensure_sidecar(src, self.layout.sidecar_dir(schema, self.part.symbol))
+
+    # keyed stage files -------------------------------------------------------------------
+    def key(self, stage: str, quarter: dt.date | None = None) -> str:
+        q = quarter or self.part.quarter
+        lookup = self.identity
+        if stage == "roll_calendar":
+            return lineage.roll_calendar_key(lookup, q)
+        fn = {
+            "bars": lineage.bars_key,
+            "bar_features": lineage.bar_features_key,
+            "ofi_features": lineage.ofi_features_key,
+            "fxcache": lineage.fxcache_key,
+        }[stage]
+        return fn(self.cfg, lookup, q)
+
+    def path(self, stage: str, quarter: dt.date | None = None) -> Path:
+        q = quarter or self.part.quarter
+        return self.layout.stage_file(stage, self.part.symbol, q, self.key(stage, q), STAGE_SUFFIX[stage])
+
+    def require(self, stage: str, quarter: dt.date | None = None) -> Path:
+        """The stage file built from today's sources and config, or a Failure saying what to run."""
+        q = quarter or self.part.quarter
+        p = self.path(stage, q)
+        if not p.is_file():
+            raise dg.Failure(
+                f"{quarter_label(q)}|{self.part.symbol}: no {stage} file for the current sources and "
+                f"config ({p.name}); materialize {stage}[{quarter_label(q)}|{self.part.symbol}] first"
+            )
+        return p
+
+
+def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:
+    """min / mean / max / NaN count per column, as a metadata table."""
+    rows = []
+    for name, v in columns.items():
+        a = np.asarray(v, dtype=np.float64)
+        fin = a[np.isfinite(a)]
+        rows.append(
+            dg.TableRecord(
+                {
+                    "column": name,
+                    "min": float(fin.min()) if fin.size else float("nan"),
+                    "mean": float(fin.mean()) if fin.size else float("nan"),
+                    "max": float(fin.max()) if fin.size else float("nan"),
+                    "nan": int(np.isnan(a).sum()),
+                }
+            )
+        )
+    return dg.MetadataValue.table(
+        rows,
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("column", "string"),
+                dg.TableColumn("min", "float"),
+                dg.TableColumn("mean", "float"),
+                dg.TableColumn("max", "float"),
+                dg.TableColumn("nan", "int"),
+            ]
+        ),
+    )
+
+
+def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: object) -> dg.MaterializeResult:
+    """A materialization whose data version is the cache key (so config changes show as unsynced)."""
+    meta = {
+        "quarter": quarter_label(part.quarter),
+        "path": dg.MetadataValue.path(str(path)),
+        "cache_key": key_hex[:16],
+        **metadata,
+    }
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key_hex[:24]))

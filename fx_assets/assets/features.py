@@ -1,0 +1,271 @@
+"""Feature assets: ``bars``, ``bar_features``, ``ofi_features`` and the per-quarter ``fxcache``.
+
+Each asset reads its inputs (sidecars and upstream stage files, located by cache key), calls
+one core function, validates, writes its output atomically under a keyed name and reports
+metadata. Warm-up: ``bar_features`` and ``ofi_features`` start from the previous quarter's
+bars (declared as a previous-quarter dependency), so an interior quarter drops no bar.
+"""
+
+import time
+from collections.abc import Callable
+
+import dagster as dg
+import numpy as np
+
+from fx_assets.assets.common import StageIO, keyed_result, summary_table
+from fx_assets.core import lineage
+from fx_assets.core import ofi as ofi_core
+from fx_assets.core.bar_features import FeatureTable, max_window, validate_features
+from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
+from fx_assets.core.calendar import previous_quarter, session_label
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import write_fxcache
+from fx_assets.core.stages import (
+    ActiveTrades,
+    BookSource,
+    active_trades,
+    assemble_fxcache_columns,
+    quarter_bar_features,
+    quarter_bars,
+    quarter_ofi,
+    read_table,
+    roll_calendar_from_table,
+    write_table,
+)
+from fx_assets.partitions import QuarterSymbol, context_partition, previous_quarter_mapping
+from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.storage import FxStorage
+
+
+def _load_bars(io: StageIO, quarter) -> BarTable:
+    path = io.require("bars", quarter)
+    return BarTable.from_arrow(read_table(path), str(path))
+
+
+def _active(io: StageIO, quarter) -> ActiveTrades:
+    cal = roll_calendar_from_table(read_table(io.require("roll_calendar", quarter)))
+    return active_trades(io.sidecar("trades", quarter).path, cal)
+
+
+def _book(io: StageIO, quarter) -> BookSource:
+    cal = roll_calendar_from_table(read_table(io.require("roll_calendar", quarter)))
+    return BookSource(io.sidecar("mbp-10", quarter).path, cal)
+
+
+def _previous_bars(io: StageIO, need: int) -> list[BarTable]:
+    """Bars of earlier quarters (oldest first), walking back until ``need`` bars or no raw data."""
+    out: list[BarTable] = []
+    q = io.part.quarter
+    have = 0
+    while have < need:
+        q = previous_quarter(q)
+        if not io.has_raw("trades", q):
+            break
+        b = _load_bars(io, q)
+        out.insert(0, b)
+        have += len(b)
+    return out
+
+
+def _guard(part: QuarterSymbol, fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except FxDataError as exc:
+        raise dg.Failure(f"{part.label}: {exc}") from exc
+
+
+def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predecoded_mbp10) -> tuple:
+    prev = previous_quarter_mapping()
+
+    @dg.asset(
+        partitions_def=partitions_def,
+        deps=[roll_calendar, predecoded_trades],
+        group_name="features",
+        code_version=lineage.CODE_VERSIONS["bars"],
+        kinds={"numba", "arrow"},
+        description="Volume / dollar / imbalance bars of the active contract (never across a session or roll).",
+    )
+    def bars(
+        context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.MaterializeResult:
+        part = context_partition(context)
+        io = StageIO(storage, pipeline, part)
+        t0 = time.perf_counter()
+        trades = _active(io, part.quarter)
+        table = _guard(part, lambda: quarter_bars(trades, io.cfg.bars))
+        assert isinstance(table, BarTable)
+        out = write_table(io.path("bars"), table.to_arrow())
+        seconds = time.perf_counter() - t0
+        sessions, counts = bars_per_session(table)
+        conserved = float(table.volume.sum()) == float(trades.size.sum())
+        if not conserved:
+            raise dg.Failure(
+                f"{part.label}: bar volume {table.volume.sum()} != traded volume {trades.size.sum()}"
+            )
+        target = pipeline.bars_target_per_session
+        warning = check_bar_density(table, target) if target else None
+        if warning:
+            context.log.warning(f"{part.label}: {warning}")
+        rolls = sorted(
+            {
+                session_label(int(s))
+                for s, f in zip(
+                    table.session_id[1:], np.diff(table.instrument_id.astype(np.int64)) != 0, strict=True
+                )
+                if f
+            }
+        )
+        return keyed_result(
+            io.key("bars"),
+            out,
+            part,
+            bars=len(table),
+            trades_used=len(trades),
+            trades_in_file=trades.n_source,
+            sessions=len(sessions),
+            bars_per_session_mean=round(float(counts.mean()), 1) if counts.size else 0.0,
+            bars_per_session_min=int(counts.min()) if counts.size else 0,
+            bars_per_session_max=int(counts.max()) if counts.size else 0,
+            bars_per_session=dg.MetadataValue.table(
+                [
+                    dg.TableRecord({"session": session_label(int(s)), "bars": int(c)})
+                    for s, c in zip(sessions, counts, strict=True)
+                ],
+                schema=dg.TableSchema(
+                    columns=[dg.TableColumn("session", "string"), dg.TableColumn("bars", "int")]
+                ),
+            ),
+            forced_closes=int(table.forced_close.sum()),
+            rolls_respected=", ".join(rolls) or "none",
+            volume_conserved=conserved,
+            density_warning=warning or "",
+            seconds=round(seconds, 3),
+            kind=io.cfg.bars.kind,
+        )
+
+    @dg.asset(
+        partitions_def=partitions_def,
+        deps=[dg.AssetDep(bars, partition_mapping=prev)],
+        group_name="features",
+        code_version=lineage.CODE_VERSIONS["bar_features"],
+        kinds={"numba", "arrow"},
+        description="Bar-level technical features (registry in fx_assets.core.bar_features), warmed up from the previous quarter.",
+    )
+    def bar_features(
+        context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.MaterializeResult:
+        part = context_partition(context)
+        io = StageIO(storage, pipeline, part)
+        t0 = time.perf_counter()
+        cur = _load_bars(io, part.quarter)
+        previous = _previous_bars(io, max_window(io.cfg.bar_features))
+        table = _guard(part, lambda: quarter_bar_features(cur, previous, io.cfg.bar_features))
+        assert isinstance(table, FeatureTable)
+        _guard(part, lambda: validate_features(table, part.label))
+        out = write_table(io.path("bar_features"), table.to_arrow())
+        return keyed_result(
+            io.key("bar_features"),
+            out,
+            part,
+            bars=len(table),
+            warmup_bars=table.n_prior,
+            features=len(table.columns),
+            summary=summary_table(table.columns),
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    @dg.asset(
+        partitions_def=partitions_def,
+        deps=[dg.AssetDep(bars, partition_mapping=prev), predecoded_mbp10],
+        group_name="features",
+        code_version=lineage.CODE_VERSIONS["ofi_features"],
+        kinds={"numba", "arrow"},
+        description="Order-flow imbalance and book features per bar over its own formation window (registry in fx_assets.core.ofi).",
+    )
+    def ofi_features(
+        context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.MaterializeResult:
+        part = context_partition(context)
+        io = StageIO(storage, pipeline, part)
+        t0 = time.perf_counter()
+        cur = _load_bars(io, part.quarter)
+        kw: dict = {}
+        pq = previous_quarter(part.quarter)
+        if io.has_raw("trades", pq) and io.has_raw("mbp-10", pq):
+            kw = {"prev_bars": _load_bars(io, pq), "prev_trades": _active(io, pq), "prev_book": _book(io, pq)}
+        feats = _guard(
+            part,
+            lambda: quarter_ofi(
+                cur,
+                _active(io, part.quarter),
+                _book(io, part.quarter),
+                io.cfg.ofi,
+                partition=part.label,
+                **kw,
+            ),
+        )
+        assert isinstance(feats, ofi_core.OfiFeatures)
+        _guard(part, lambda: ofi_core.validate_ofi(feats, part.label))
+        out = write_table(io.path("ofi_features"), feats.to_arrow())
+        return keyed_result(
+            io.key("ofi_features"),
+            out,
+            part,
+            bars=len(feats),
+            warmed_up_from_previous_quarter=bool(kw),
+            features=len(feats.columns),
+            summary=summary_table(feats.columns),
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    @dg.asset(
+        partitions_def=partitions_def,
+        deps=[bars, bar_features, ofi_features],
+        group_name="features",
+        code_version=lineage.CODE_VERSIONS["fxcache"],
+        kinds={"fxcache"},
+        description=(
+            "One flat file per quarter and symbol (docs/fxcache.md): bar timestamps, then features, "
+            "prices and OFI as one row-major block the GPU loads in a single copy. Nothing forward-looking."
+        ),
+    )
+    def fxcache(
+        context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.MaterializeResult:
+        part = context_partition(context)
+        io = StageIO(storage, pipeline, part)
+        t0 = time.perf_counter()
+        cur = _load_bars(io, part.quarter)
+        feats = FeatureTable.from_arrow(read_table(io.require("bar_features")))
+        ofi = ofi_core.OfiFeatures.from_arrow(read_table(io.require("ofi_features")))
+        key = io.key("fxcache")
+        assembled = _guard(part, lambda: assemble_fxcache_columns(cur, feats, ofi, _book(io, part.quarter)))
+        ts, groups, dropped = assembled  # type: ignore[misc]
+        path = io.path("fxcache")
+        _guard(
+            part,
+            lambda: write_fxcache(
+                path,
+                ts,
+                groups,
+                io.cfg.fxcache.dtype,  # type: ignore[arg-type]
+                bytes.fromhex(key),
+                {"partition": part.label, "dropped_rows": dropped, "cache_key": key},
+            ),
+        )
+        return keyed_result(
+            key,
+            path,
+            part,
+            bars=len(ts),
+            dropped_rows=dg.MetadataValue.json(dropped),
+            bytes=path.stat().st_size,
+            dtype=io.cfg.fxcache.dtype,
+            columns={g: len(names) for g, (names, _) in groups.items()},
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    return bars, bar_features, ofi_features, fxcache
+
+
+__all__ = ["make_feature_assets"]

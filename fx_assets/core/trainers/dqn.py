@@ -1,0 +1,337 @@
+"""Double-DQN trading agent with a dueling head and a vectorised on-device environment.
+
+Owns the RL trainer. The market is exogenous (our orders do not move it), so the environment
+is a pure function of the fold's resident arrays and can be stepped for ``n_envs`` start
+indices at once with tensor ops:
+
+- state at bar ``t`` with current position ``p``: the normalised inputs ``x[t]`` and a one-hot
+  of ``p ∈ {−1, 0, +1}``; never a raw price;
+- action ``a ∈ {short, flat, long}`` sets the new position ``p' = a − 1``;
+- reward ``p' · y^(1)_t − cost · |p' − p|`` (divided by ``reward_scale`` so Q-values are O(1));
+- next state ``(x[t+1], p')``. Episodes are truncated after ``episode_len`` bars or at the end of
+  the training rows; truncation is not termination (the market goes on), so every transition
+  bootstraps.
+
+The replay buffer stores only ``(t, p, a, r)`` per transition (states are rebuilt from the
+resident ``x``), as a ring of device tensors. Updates are double DQN (online argmax, target
+value) with a Huber loss and a soft (``tau``) or periodic hard target update.
+
+Validation runs the greedy policy over the validation quarter without a Python loop over bars
+on the device: Q is evaluated for all three possible current positions of every bar in one
+batch, the greedy action table ``[n, 3]`` is copied to the host once, and the position path is
+resolved by a numba scan (``p_{t} = table[t, p_{t−1}]``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from numba import njit
+
+from fx_assets.core import metrics as M
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.trainers.common import (
+    FoldData,
+    TrainConfig,
+    TrainResult,
+    evaluate_positions,
+    is_better,
+    make_generator,
+    make_optimizer,
+    seeded,
+    selection_split,
+    sidecar_base,
+    state_to_cpu,
+    write_checkpoints,
+)
+
+N_ACTIONS = 3  # short, flat, long; position = action index - 1
+FLAT = 1
+_EVAL_CHUNK = 1 << 15
+
+
+class DuelingQNet(torch.nn.Module):
+    """ReLU trunk, then ``Q = V + A − mean(A)`` over the three actions."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        layers: list[torch.nn.Module] = []
+        d = in_dim
+        for h in hidden:
+            layers += [torch.nn.Linear(d, h), torch.nn.ReLU()]
+            d = h
+        self.trunk = torch.nn.Sequential(*layers)
+        self.value = torch.nn.Linear(d, 1)
+        self.advantage = torch.nn.Linear(d, N_ACTIONS)
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(s)
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=1, keepdim=True)
+
+
+def build_qnet(arch: dict[str, Any]) -> DuelingQNet:
+    """Rebuild the network described by a sidecar's ``architecture`` entry."""
+    if arch.get("kind") != "dueling_dqn":
+        raise FxDataError(f"architecture {arch.get('kind')!r} is not a dueling DQN")
+    return DuelingQNet(int(arch["in_dim"]), tuple(arch["hidden"]))
+
+
+def make_states(x: torch.Tensor, t: torch.Tensor, pos_idx: torch.Tensor) -> torch.Tensor:
+    """``[x[t], onehot(pos_idx)]`` for index tensors ``t`` and ``pos_idx`` (0, 1, 2)."""
+    onehot = torch.nn.functional.one_hot(pos_idx, N_ACTIONS).to(x.dtype)
+    return torch.cat([x[t], onehot], dim=1)
+
+
+@torch.no_grad()
+def greedy_table(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy action for every (bar, current position) — ``[n, 3]`` int8 — and Q ``[n, 3, 3]``."""
+    was = model.training
+    model.eval()
+    n = x.shape[0]
+    qs = []
+    for i in range(0, n, _EVAL_CHUNK):
+        xc = x[i : i + _EVAL_CHUNK]
+        m = xc.shape[0]
+        t = torch.arange(m, device=x.device).repeat_interleave(N_ACTIONS)
+        p = torch.arange(N_ACTIONS, device=x.device).repeat(m)
+        qs.append(model(make_states(xc, t, p)).view(m, N_ACTIONS, N_ACTIONS))
+    q = torch.cat(qs)
+    model.train(was)
+    return q.argmax(dim=2).to(torch.int8), q
+
+
+@njit(cache=True)
+def _resolve_path_nb(table: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    n = table.shape[0]
+    out = np.empty(n, dtype=np.int8)
+    p = 1
+    for t in range(n):
+        a = table[t, p] if allowed[t] else 1  # flat where the bar's return is undefined
+        out[t] = a - 1
+        p = a
+    return out
+
+
+def resolve_positions(table: npt.NDArray[np.int8], allowed: npt.NDArray[np.bool_]) -> npt.NDArray[np.int8]:
+    """Sequential greedy positions (−1/0/+1) from a ``[n, 3]`` action table, starting flat."""
+    if table.ndim != 2 or table.shape[1] != N_ACTIONS or allowed.shape != (table.shape[0],):
+        raise FxDataError(f"resolve_positions: table {table.shape}, allowed {allowed.shape}")
+    return _resolve_path_nb(np.ascontiguousarray(table, dtype=np.int8), np.ascontiguousarray(allowed))
+
+
+class _Replay:
+    """Ring buffer of (t, position index, action, reward) on the device."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.cap = capacity
+        self.t = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.p = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.a = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.r = torch.zeros(capacity, dtype=torch.float32, device=device)
+        self.ptr = 0
+        self.size = 0
+
+    def push(self, t: torch.Tensor, p: torch.Tensor, a: torch.Tensor, r: torch.Tensor) -> None:
+        k = t.shape[0]
+        idx = (self.ptr + torch.arange(k, device=t.device)) % self.cap
+        self.t[idx], self.p[idx], self.a[idx], self.r[idx] = t, p, a, r
+        self.ptr = (self.ptr + k) % self.cap
+        self.size = min(self.size + k, self.cap)
+
+    def sample(self, k: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        i = torch.randint(0, self.size, (k,), generator=gen, device=self.t.device)
+        return self.t[i], self.p[i], self.a[i], self.r[i]
+
+
+class VecEnv:
+    """``n_envs`` copies of the trading environment over the training rows, stepped together."""
+
+    def __init__(
+        self, r1: torch.Tensor, n_envs: int, episode_len: int, cost: float, scale: float, gen: torch.Generator
+    ) -> None:
+        # an undefined return (a label across a contract roll) earns nothing
+        self.r1 = torch.nan_to_num(r1.to(torch.float32), nan=0.0)
+        self.last = int(r1.shape[0]) - 2  # actions at t <= last, so x[t + 1] exists
+        if self.last < 0:
+            raise FxDataError("VecEnv: fewer than 2 training rows")
+        self.n, self.episode_len, self.cost, self.scale, self.gen = n_envs, episode_len, cost, scale, gen
+        dev = r1.device
+        self.t = torch.zeros(n_envs, dtype=torch.long, device=dev)
+        self.p = torch.full((n_envs,), FLAT, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(n_envs, dtype=torch.long, device=dev)
+        self._reset(torch.ones(n_envs, dtype=torch.bool, device=dev))
+
+    def _reset(self, mask: torch.Tensor) -> None:
+        start = torch.randint(0, self.last + 1, (self.n,), generator=self.gen, device=self.t.device)
+        self.t = torch.where(mask, start, self.t)
+        self.p = torch.where(mask, torch.full_like(self.p, FLAT), self.p)
+        self.steps = torch.where(mask, torch.zeros_like(self.steps), self.steps)
+
+    def step(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Apply actions; return the transitions (t, p, a, reward) and advance/reset the envs."""
+        t, p = self.t, self.p
+        r = (
+            (a - 1).to(torch.float32) * self.r1[t] - self.cost * (a - p).abs().to(torch.float32)
+        ) / self.scale
+        self.t = t + 1
+        self.p = a
+        self.steps = self.steps + 1
+        self._reset((self.t > self.last) | (self.steps >= self.episode_len))
+        return t, p, a, r
+
+
+def train_dqn(
+    fold: FoldData, cfg: TrainConfig, out_dir: Path | str, input_keys: Sequence[str]
+) -> TrainResult:
+    """Train the double-DQN agent on one fold; write best/last checkpoints under ``out_dir``."""
+    dev = fold.device
+    metric = cfg.metric_name()
+    x = fold.x_train
+    fit_end, inner_start = selection_split(fold, cfg)
+    host = _host_block(fold.y_val, fold.r1_val, fold.val_sessions)
+    inner = _host_block(
+        fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
+    )
+    with seeded(cfg.seed, cfg.deterministic):
+        in_dim = fold.n_features + N_ACTIONS
+        online = DuelingQNet(in_dim, cfg.hidden).to(dev)
+        target = DuelingQNet(in_dim, cfg.hidden).to(dev)
+        target.load_state_dict(online.state_dict())
+        target.requires_grad_(False)
+        opt = make_optimizer(online, cfg)
+        gen = make_generator(dev, cfg.seed + 1_000_003)
+        r1_train = fold.r1_train[:fit_end]  # the env never steps into the inner block
+        finite_r1 = r1_train[torch.isfinite(r1_train)]
+        scale = cfg.reward_scale if cfg.reward_scale is not None else float(finite_r1.std())
+        if not math.isfinite(scale) or scale <= 0:
+            raise FxDataError(f"fold {fold.keys}: training 1-bar returns have no spread (std {scale})")
+        env = VecEnv(r1_train, cfg.n_envs, cfg.episode_len, cfg.cost, scale, gen)
+        replay = _Replay(cfg.replay_size, dev)
+        steps = cfg.max_steps_per_epoch or max(1, math.ceil(fit_end / cfg.n_envs))
+
+        def act(eps: float) -> torch.Tensor:
+            with torch.no_grad():
+                greedy = online(make_states(x, env.t, env.p)).argmax(dim=1)
+            rand = torch.randint(0, N_ACTIONS, (env.n,), generator=gen, device=dev)
+            explore = torch.rand(env.n, generator=gen, device=dev) < eps
+            return torch.where(explore, rand, greedy)
+
+        while replay.size < min(cfg.learn_starts, cfg.replay_size):  # warm-up: uniform random actions
+            replay.push(*env.step(act(1.0)))
+
+        tgt_params: list[torch.Tensor] = list(target.parameters())
+        on_params: list[torch.Tensor] = list(online.parameters())
+        updates = 0
+        best_val, best_epoch, bad_epochs = math.nan, -1, 0
+        best_state = state_to_cpu(online)
+        best_out: tuple[Any, ...] | None = None
+        history: list[dict[str, float]] = []
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            online.train()
+            loss_sum = torch.zeros((), device=dev)
+            for _ in range(steps):
+                frac = min(1.0, updates / cfg.eps_decay_steps)
+                eps = cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+                replay.push(*env.step(act(eps)))
+                bt, bp, ba, br = replay.sample(cfg.batch_size, gen)
+                q = online(make_states(x, bt, bp)).gather(1, ba[:, None]).squeeze(1)
+                with torch.no_grad():
+                    s2 = make_states(x, bt + 1, ba)
+                    a2 = online(s2).argmax(dim=1, keepdim=True)  # double DQN: online picks ...
+                    q2 = target(s2).gather(1, a2).squeeze(1)  # ... target evaluates
+                    y = br + cfg.gamma * q2
+                loss = torch.nn.functional.smooth_l1_loss(q, y, beta=cfg.huber_delta)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(online.parameters(), cfg.grad_clip)
+                opt.step()
+                updates += 1
+                with torch.no_grad():
+                    if cfg.tau > 0:
+                        torch._foreach_lerp_(tgt_params, on_params, cfg.tau)
+                    elif updates % cfg.target_period == 0:
+                        target.load_state_dict(online.state_dict())
+                loss_sum += loss.detach()
+            train_loss = float(loss_sum) / steps  # the epoch's one sync
+            t_train = time.perf_counter() - t0
+            m, pos, ret, eq = evaluate_greedy(online, fold.x_val, host, cfg)
+            if cfg.early_stopping == "inner":
+                sel = evaluate_greedy(online, x[inner_start:], inner, cfg)[0][metric]
+            else:
+                sel = m[metric]
+            m.update(
+                selection_value=sel,
+                epoch=float(epoch),
+                train_loss=train_loss,
+                epsilon=eps,
+                train_seconds=t_train,
+                epoch_seconds=time.perf_counter() - t0,
+            )
+            history.append(m)
+            if is_better(metric, sel, best_val):
+                best_val, best_epoch, bad_epochs = sel, epoch, 0
+                best_state = state_to_cpu(online)
+                best_out = (m, pos, ret, eq)
+            else:
+                bad_epochs += 1
+                if bad_epochs >= cfg.patience:
+                    break
+        if best_out is None:
+            best_epoch, best_out = len(history) - 1, (history[-1], pos, ret, eq)
+            best_state = state_to_cpu(online)
+        last_state = state_to_cpu(online)
+
+    m, pos, ret, eq = best_out
+    arch = {"kind": "dueling_dqn", "in_dim": in_dim, "hidden": list(cfg.hidden), "actions": [-1, 0, 1]}
+    side = sidecar_base(fold, cfg, input_keys, arch)
+    side.update(
+        metrics=m,
+        best_epoch=best_epoch,
+        early_stopping={
+            "metric": metric,
+            "on": cfg.early_stopping,
+            "fit_rows": fit_end,
+            "inner_start": inner_start,
+        },
+        history=history,
+        reward_scale=scale,
+        updates=updates,
+    )
+    best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, side)
+    return TrainResult(
+        metrics=dict(m),
+        equity=eq,
+        val_positions=pos,
+        val_returns=ret,
+        best_path=best_p,
+        last_path=last_p,
+        sidecar_path=side_p,
+        best_epoch=best_epoch,
+        history=history,
+    )
+
+
+def _host_block(y: torch.Tensor, r1: torch.Tensor, sessions: np.ndarray) -> dict[str, np.ndarray]:
+    return {"y": y.cpu().numpy(), "r1": r1.cpu().numpy(), "sessions": sessions}
+
+
+def evaluate_greedy(
+    model: torch.nn.Module, x: torch.Tensor, block: dict[str, np.ndarray], cfg: TrainConfig
+) -> tuple[dict[str, float], npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Greedy policy on one block of bars: one batched Q pass, one copy, a host scan."""
+    table_t, q = greedy_table(model, x)
+    # Long-vs-short preference from flat, as a score for AUC against the sign of the target.
+    score = (q[:, FLAT, 2] - q[:, FLAT, 0]).double().cpu().numpy()
+    pos = resolve_positions(table_t.cpu().numpy(), np.isfinite(block["r1"]))
+    m, p, ret, eq = evaluate_positions(pos, block["r1"], block["sessions"], cfg.cost)
+    m["auc"] = M.auc_returns(score, block["y"])
+    return m, p, ret, eq

@@ -1,0 +1,220 @@
+"""DeviceStore: one upload per quarter, fold slices are views into resident data, values exact."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fx_assets.core import labels
+from fx_assets.core.device_store import DeviceStore
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.folds import FoldConfig, fold_range
+from fx_assets.core.fxcache import open_fxcache, write_fxcache
+from fx_assets.core.trainers import TrainConfig, fold_transition
+
+COLS = ["open", "close", "f0", "f1", "f2", "ofi_0"]
+N = 1000  # bars per quarter
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny nets on a shared 2-core box: intra-op threads only contend (epochs vary 0.2 s to 20 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _quarter(i: int, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(i)
+    ts = (1_700_000_000 + i * 10_000_000 + np.arange(N, dtype=np.int64) * 600) * 1_000_000_000
+    close = 5000.0 + 0.25 * np.cumsum(rng.integers(-2, 3, N))
+    v = np.column_stack([close + 0.25, close, rng.standard_normal((N, 4)) * 3.0 + 1.0])
+    return ts, v.astype(dtype)
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even f32 -> bf16 bit patterns (uint16), as an fxcache bf16 block."""
+    return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _store(
+    n_q: int, chunk_rows: int = 128, **kw: object
+) -> tuple[DeviceStore, list[np.ndarray], list[np.ndarray]]:
+    store = DeviceStore(device="cpu", chunk_rows=chunk_rows, **kw)  # type: ignore[arg-type]
+    tss, vals = [], []
+    for i in range(n_q):
+        ts, v = _quarter(i)
+        store.add_quarter(f"Q{i}", ts, v, COLS)
+        tss.append(ts)
+        vals.append(v)
+    return store, tss, vals
+
+
+def test_values_equal_host_f64_and_f32_sources() -> None:
+    store, _, vals = _store(2, chunk_rows=97)  # chunks that do not divide the quarter
+    st = store.stats()
+    assert st["uploads"] == 2 and st["uploads_by_key"] == {"Q0": 1, "Q1": 1}
+    assert st["chunks"] == 2 * int(np.ceil(N / 97))
+    assert st["bytes_uploaded"] == 2 * (N * len(COLS) * 4 + N * 2 * 8)  # f32 wire + f64 open, close
+    assert st["device"] == "cpu" and not st["pinned_staging"]
+    view = store.concat_view(["Q0"])
+    np.testing.assert_array_equal(view.values.numpy(), vals[0].astype(np.float32))
+    assert view.price_columns == ("open", "close")
+    np.testing.assert_array_equal(view.close.numpy(), vals[0][:, 1])  # exact float64
+    s32 = DeviceStore(device="cpu", chunk_rows=300)
+    ts, v = _quarter(5, np.float32)
+    s32.add_quarter("Q5", ts, v, COLS)
+    np.testing.assert_array_equal(s32.concat_view(["Q5"]).values.numpy(), v)
+
+
+def test_bf16_sources_and_bf16_store() -> None:
+    ts, v = _quarter(3)
+    bits = _bf16_bits(v)
+    prices = v[:, :2].copy()
+    with pytest.raises(FxDataError, match="bf16 values cannot carry prices"):
+        DeviceStore(device="cpu").add_quarter("Q", ts, bits, COLS)
+    widened = (bits.astype(np.uint32) << 16).view(np.float32)
+    s_f32 = DeviceStore(device="cpu", chunk_rows=64)
+    s_f32.add_quarter("Q", ts, bits, COLS, prices=prices)
+    np.testing.assert_array_equal(s_f32.concat_view(["Q"]).values.numpy(), widened)
+    np.testing.assert_array_equal(s_f32.concat_view(["Q"]).close.numpy(), v[:, 1])
+    assert s_f32.stats()["bytes_uploaded"] == N * len(COLS) * 2 + prices.nbytes  # 2-byte words on the bus
+    s_bf = DeviceStore(device="cpu", value_dtype="bfloat16", chunk_rows=64)
+    s_bf.add_quarter("Q", ts, bits, COLS, prices=prices)
+    got = s_bf.concat_view(["Q"]).values
+    assert got.dtype == torch.bfloat16
+    np.testing.assert_array_equal(got.view(torch.int16).numpy().view(np.uint16), bits)
+    s_bf2 = DeviceStore(device="cpu", value_dtype="bfloat16", chunk_rows=64)
+    s_bf2.add_quarter("Q", ts, v, COLS)  # f64 source, cast on the host into bf16 staging
+    np.testing.assert_array_equal(
+        s_bf2.concat_view(["Q"]).values.view(torch.int16).numpy().view(np.uint16), bits
+    )
+
+
+def test_one_upload_per_quarter_across_many_folds() -> None:
+    store, tss, vals = _store(4)
+    cfg = TrainConfig(trainer="mlp")
+    fcfg = FoldConfig(train_quarters=2, purge_bars=labels.max_horizon(), warmup_bars=5)
+    keys = ["Q0", "Q1", "Q2", "Q3"]
+    before = store.stats()
+    folds = []
+    for val_q in (2, 3, 2, 3, 3):
+        ks = keys[val_q - 2 : val_q + 1]
+        view = store.concat_view(ks)
+        starts = [int(tss[keys.index(k)][0]) for k in ks]
+        fr = fold_range(view.ts, starts, 2, fcfg, name=f"v{val_q}")
+        folds.append(fold_transition(view, fr, cfg))
+        # the fold's rows are the resident quarters, concatenated once per key set
+        np.testing.assert_array_equal(
+            view.values[fr.val_start : fr.val_end].numpy(), vals[val_q].astype(np.float32)
+        )
+    after = store.stats()
+    assert after["uploads"] == before["uploads"] == 4
+    assert after["bytes_uploaded"] == before["bytes_uploaded"]
+    assert after["uploads_by_key"] == {k: 1 for k in keys}
+    assert after["concat_builds"] == 2 and after["concat_hits"] == 3  # one build per distinct key set
+    assert store.concat_view(keys[1:]) is store.concat_view(keys[1:])
+    # a single quarter's view is the resident tensor itself (same storage, no copy)
+    one = store.concat_view(["Q1"])
+    assert one.values.data_ptr() == store.concat_view(["Q1"]).values.data_ptr()
+    sliced = one.values[10:20]
+    assert sliced.untyped_storage().data_ptr() == one.values.untyped_storage().data_ptr()
+    assert folds[0].x_train.shape[1] == 4 and folds[0].columns == ("f0", "f1", "f2", "ofi_0")
+
+
+def test_add_quarter_validation() -> None:
+    store, tss, vals = _store(2)
+    with pytest.raises(FxDataError, match="already resident"):
+        store.add_quarter("Q0", tss[0], vals[0], COLS)
+    ts, v = _quarter(9)
+    bad_ts = ts.copy()
+    bad_ts[5] = bad_ts[3]
+    with pytest.raises(FxDataError, match="not time-ordered at bar 5"):
+        store.add_quarter("Qx", bad_ts, v, COLS)
+    with pytest.raises(FxDataError, match="column names"):
+        store.add_quarter("Qx", ts, v, [*COLS, "extra"])
+    with pytest.raises(FxDataError, match="column names"):
+        store.add_quarter("Qx", ts, v, ["f0", "f0", "close"])
+    bad_px = v.copy()
+    bad_px[7, 1] = np.nan
+    with pytest.raises(FxDataError, match=r"'close'.*bar 7"):
+        store.add_quarter("Qx", ts, bad_px, COLS)
+    with pytest.raises(FxDataError, match="no 'close'"):
+        store.add_quarter("Qx", ts, v, ["open", "c", "f0", "f1", "f2", "ofi_0"])
+    with pytest.raises(FxDataError, match="time order"):
+        store.concat_view(["Q1", "Q0"])
+    with pytest.raises(FxDataError, match="not resident"):
+        store.concat_view(["Q0", "Q7"])
+
+
+def test_view_cache_is_bounded_and_drop_frees() -> None:
+    store, _, _ = _store(4)
+    for ks in (["Q0", "Q1"], ["Q1", "Q2"], ["Q2", "Q3"]):
+        store.concat_view(ks)
+    assert store.stats()["cached_views"] == 2  # max_views default
+    store.drop_quarter("Q3")
+    assert "Q3" not in store and store.stats()["cached_views"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_pinned_staging_one_upload_per_quarter() -> None:
+    store = DeviceStore(chunk_rows=256)
+    assert store.device.type == "cuda"
+    tss, vals = [], []
+    for i in range(3):
+        ts, v = _quarter(i)
+        store.add_quarter(f"Q{i}", ts, v, COLS)
+        tss.append(ts)
+        vals.append(v)
+    ts, v = _quarter(7)
+    bits = _bf16_bits(v)
+    store.add_quarter("B", ts + 10**18, bits, COLS, prices=v[:, :2].copy())
+    st = store.stats()
+    assert st["pinned_staging"] and st["uploads"] == 4 and st["device"].startswith("cuda")
+    view = store.concat_view(["Q0", "Q1", "Q2"])
+    assert view.values.is_cuda and view.prices.dtype == torch.float64
+    np.testing.assert_array_equal(view.values.cpu().numpy(), np.concatenate(vals).astype(np.float32))
+    np.testing.assert_array_equal(
+        store.concat_view(["B"]).values.cpu().numpy(), (bits.astype(np.uint32) << 16).view(np.float32)
+    )
+    fcfg = FoldConfig(train_quarters=2, purge_bars=labels.max_horizon(), warmup_bars=0)
+    fr = fold_range(view.ts, [int(t[0]) for t in tss], 2, fcfg, name="v")
+    fold = fold_transition(view, fr, TrainConfig(trainer="mlp"), sessions=np.zeros(view.n_rows, np.int32))
+    assert fold.x_train.is_cuda and fold.y_train.is_cuda
+    train = np.concatenate(vals)[fr.train_start : fr.train_end, 2:].astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(fold.mean.cpu().numpy(), train.mean(0), atol=1e-9)
+    assert store.stats()["uploads"] == 4  # the fold copied nothing from the host
+
+
+def test_padded_fxcache_file_uploads_in_one_block(tmp_path: Path) -> None:
+    """A real fxcache file (rows padded to 8 values, memory-mapped read-only) goes in as is."""
+    ts, v = _quarter(4)
+    path = write_fxcache(
+        tmp_path / "q.fxcache",
+        ts,
+        {
+            "feature": (["f0", "f1", "f2"], v[:, 2:5]),
+            "price": (["open", "close"], v[:, :2]),
+            "ofi": (["ofi_0"], v[:, 5:]),
+        },
+        "f32",
+        b"k" * 32,
+    )
+    fc = open_fxcache(path)
+    assert fc.values.shape == (N, 8) and not fc.values.flags.writeable
+    store = DeviceStore(device="cpu", chunk_rows=333)
+    store.add_quarter("Q", fc.ts, fc.values, fc.column_names, price_columns=fc.group_names("price"))
+    view = store.concat_view(["Q"])
+    assert view.columns == ("f0", "f1", "f2", "open", "close", "ofi_0") and view.values.shape == (N, 8)
+    np.testing.assert_array_equal(view.values.numpy(), np.asarray(fc.values))
+    np.testing.assert_array_equal(view.close.numpy(), fc.column("close"))
+    fr = SimpleNamespace(train_start=0, train_end=600, val_start=700, val_end=N)
+    fold = fold_transition(view, fr, TrainConfig(trainer="mlp"), sessions=np.zeros(N, np.int32))
+    assert fold.columns == ("f0", "f1", "f2", "ofi_0")  # no price, no padding
