@@ -16,6 +16,9 @@
                 └──────┬──────┘
                        ▼
                     fxcache                          one flat file per (quarter, symbol)
+                       │  (device loader: upload once per run, slice by index per fold)
+                       ▼
+    fold_ranges ──► trained_model ──► walk_forward_report
 
 Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
 file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`).
@@ -30,9 +33,11 @@ import dagster as dg
 from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
-from fx_assets.partitions import quarter_symbol_partitions
+from fx_assets.assets.training import GPU_TAGS, make_training_assets
+from fx_assets.partitions import fold_window_mapping, quarter_symbol_partitions, training_partitions
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
+from fx_assets.resources.training import DeviceFxCacheLoader, default_training
 from fx_assets.settings import ProjectSettings, load_settings
 
 # Partition mappings, backfill policies and observable sources are beta in Dagster 1.13; the
@@ -69,14 +74,42 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
         partitions_def=partitions,
         description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
     )
-    return dg.Definitions(
-        assets=[raw_trades, raw_mbp10, *feature_assets],
-        jobs=[observe_raw, build_features],
-        resources={
-            "storage": FxStorage(root=str(settings.data_root)),
-            "pipeline": PipelineConfig(),
-        },
-    )
+    storage = FxStorage(root=str(settings.data_root))
+    pipeline = PipelineConfig()
+    resources: dict = {
+        "storage": storage,
+        "pipeline": pipeline,
+        "training": default_training(settings.train_quarters),
+        "fxcache_loader": DeviceFxCacheLoader(storage=storage, pipeline=pipeline),
+    }
+    assets: list = [raw_trades, raw_mbp10, *feature_assets]
+    jobs = [observe_raw, build_features]
+    train_parts = training_partitions(settings)
+    if train_parts is not None:
+        fold_ranges, trained_model, walk_forward_report = make_training_assets(
+            train_parts, fxcache, fold_window_mapping(settings.train_quarters)
+        )
+        assets += [fold_ranges, trained_model, walk_forward_report]
+        # One run trains every selected fold with the in-process executor, so the device loader
+        # (and the quarters it uploaded) serve all of them; the tag limits GPU runs to one.
+        jobs.append(
+            dg.define_asset_job(
+                "train_models",
+                selection=dg.AssetSelection.assets(fold_ranges, trained_model),
+                partitions_def=train_parts,
+                executor_def=dg.in_process_executor,
+                tags=GPU_TAGS,
+                description="Fold ranges and trained models for the selected validation quarters, in one run.",
+            )
+        )
+        jobs.append(
+            dg.define_asset_job(
+                "walk_forward",
+                selection=dg.AssetSelection.assets(walk_forward_report),
+                description="Stitch every trained fold's out-of-sample results.",
+            )
+        )
+    return dg.Definitions(assets=assets, jobs=jobs, resources=resources)
 
 
 defs = build_definitions(load_settings())

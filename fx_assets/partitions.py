@@ -40,6 +40,30 @@ def quarter_symbol_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDe
     )
 
 
+def training_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDefinition | None:
+    """Validation quarters: the first one has ``train_quarters`` quarters of data before it.
+    None when the configured range is too short for a single fold."""
+    first = settings.first_quarter
+    for _ in range(settings.train_quarters):
+        first = next_quarter(first)
+    if settings.last_quarter is not None and first > settings.last_quarter:
+        return None
+    shifted = settings.model_copy(update={"first_quarter": first})
+    return quarter_symbol_partitions(shifted)
+
+
+def fold_window_mapping(train_quarters: int) -> dg.MultiPartitionMapping:
+    """A fold's quarters: the validation quarter and the ``train_quarters`` before it."""
+    return dg.MultiPartitionMapping(
+        {
+            QUARTER_DIM: dg.DimensionPartitionMapping(
+                QUARTER_DIM, dg.TimeWindowPartitionMapping(start_offset=-train_quarters, end_offset=0)
+            ),
+            SYMBOL_DIM: dg.DimensionPartitionMapping(SYMBOL_DIM, dg.IdentityPartitionMapping()),
+        }
+    )
+
+
 def previous_quarter_mapping() -> dg.MultiPartitionMapping:
     """Same symbol; the current and the previous quarter (absent at the first quarter)."""
     return dg.MultiPartitionMapping(

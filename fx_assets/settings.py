@@ -8,7 +8,8 @@ environment or from a TOML file:
   values are resolved against the TOML file's folder.
 - ``FX_DATA_ROOT`` (default ``./data``), ``FX_SYMBOLS`` (comma-separated, default ``ES.FUT``),
   ``FX_FIRST_QUARTER`` (e.g. ``2024-Q1``), ``FX_LAST_QUARTER`` (optional, e.g. ``2024-Q4``; without
-  it the quarter dimension runs up to the last complete quarter). Environment variables win
+  it the quarter dimension runs up to the last complete quarter), ``FX_TRAIN_QUARTERS`` (rolling
+  training window of a walk-forward fold, default 2). Environment variables win
   over the TOML file.
 
 This module imports no Dagster: the CLI and the tests use it too.
@@ -40,6 +41,13 @@ class ProjectSettings(BaseModel):
     )
     last_quarter: dt.date | None = Field(
         None, description="Last quarter (inclusive); None = up to the last complete quarter."
+    )
+    train_quarters: int = Field(
+        2,
+        ge=1,
+        le=12,
+        description="Rolling training window of a fold, in quarters before its validation quarter. "
+        "Fixed per deployment: it shapes the partition mapping of the training assets.",
     )
 
     @field_validator("symbols")
@@ -80,7 +88,7 @@ def load_settings(env: dict[str, str] | None = None) -> ProjectSettings:
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"FX_CONFIG file {path} is not valid TOML: {exc}") from exc
         project = doc.get("project", {})
-        unknown = set(project) - {"data_root", "symbols", "first_quarter", "last_quarter"}
+        unknown = set(project) - {"data_root", "symbols", "first_quarter", "last_quarter", "train_quarters"}
         if unknown:
             raise ValueError(f"{path}: unknown keys in [project]: {sorted(unknown)}")
         if "data_root" in project:
@@ -92,6 +100,8 @@ def load_settings(env: dict[str, str] | None = None) -> ProjectSettings:
         for key in ("first_quarter", "last_quarter"):
             if key in project:
                 values[key] = parse_quarter(str(project[key]))
+        if "train_quarters" in project:
+            values["train_quarters"] = int(project["train_quarters"])
     if env.get("FX_DATA_ROOT"):
         values["data_root"] = Path(env["FX_DATA_ROOT"])
     if env.get("FX_SYMBOLS"):
@@ -100,6 +110,13 @@ def load_settings(env: dict[str, str] | None = None) -> ProjectSettings:
         values["first_quarter"] = parse_quarter(env["FX_FIRST_QUARTER"])
     if env.get("FX_LAST_QUARTER"):
         values["last_quarter"] = parse_quarter(env["FX_LAST_QUARTER"])
+    if env.get("FX_TRAIN_QUARTERS"):
+        try:
+            values["train_quarters"] = int(env["FX_TRAIN_QUARTERS"])
+        except ValueError as exc:
+            raise ValueError(
+                f"FX_TRAIN_QUARTERS must be an integer, got {env['FX_TRAIN_QUARTERS']!r}"
+            ) from exc
     settings = ProjectSettings.model_validate(values)
     if settings.last_quarter and settings.last_quarter < settings.first_quarter:
         raise ValueError(

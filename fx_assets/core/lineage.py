@@ -141,3 +141,23 @@ def fxcache_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> st
 def short(key_hex: str) -> str:
     """The part of a key that goes into file names (64 bits)."""
     return hexkey(bytes.fromhex(key_hex))
+
+
+def fold_ranges_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel) -> str:
+    """Key of a fold's index ranges: the fxcache files of its quarters (in order) and the fold config."""
+    return cache_key(
+        configs=[folds_cfg],
+        sources=[],
+        format_version=TABLE_FORMAT_VERSION,
+        code_version=_code("fold_ranges") + "|" + ",".join(fxcache_keys),
+    ).hex()
+
+
+def trained_model_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel, train_cfg: BaseModel) -> str:
+    """Key of a trained fold model: its inputs' keys and every fold and trainer parameter."""
+    return cache_key(
+        configs=[folds_cfg, train_cfg],
+        sources=[],
+        format_version=TABLE_FORMAT_VERSION,
+        code_version=_code("fold_ranges", "trained_model") + "|" + ",".join(fxcache_keys),
+    ).hex()

@@ -346,16 +346,26 @@ def quarter_first_day(bars: BarTable) -> dt.date | None:
 # --- fxcache assembly -----------------------------------------------------------------------
 
 
-def book_mid_asof(book: BookSource, ts_query: npt.NDArray[np.int64], chunk: int = DEFAULT_BOOK_CHUNK) -> F64:
+def book_mid_asof(
+    book: BookSource,
+    ts_query: npt.NDArray[np.int64],
+    chunk: int = DEFAULT_BOOK_CHUNK,
+    *,
+    instrument_id: npt.NDArray[np.uint32] | None = None,
+) -> F64:
     """Mid price of the active contract's book as of each query time (last valid snapshot with
-    ``ts_recv <= t``; NaN before the first). Streams the book in chunks of ``chunk`` records."""
+    ``ts_recv <= t``; NaN before the first). Streams the book in chunks of ``chunk`` records.
+
+    ``instrument_id`` (one per query, optional): only snapshots of that contract count. A bar
+    right after a roll must not get the previous contract's mid (the last active snapshot
+    before its open is usually the old contract's, from the session before)."""
     cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
     ts = cols["ts_recv"]
     q = np.asarray(ts_query, dtype=np.int64)
-    order = np.argsort(q, kind="stable")
     out = np.full(q.shape[0], np.nan)
     last_ts: list[np.ndarray] = []
     last_mid: list[np.ndarray] = []
+    last_iid: list[np.ndarray] = []
     for lo in range(0, ts.shape[0], chunk):
         hi = min(lo + chunk, ts.shape[0])
         t = ts[lo:hi]
@@ -366,15 +376,31 @@ def book_mid_asof(book: BookSource, ts_query: npt.NDArray[np.int64], chunk: int 
         if keep.any():
             last_ts.append(t[keep])
             last_mid.append((px_to_float(b[keep]) + px_to_float(a[keep])) / 2.0)
-        # Only the valid snapshots are kept: 16 bytes each, far less than the 368-byte records.
-    if last_ts:
-        vt = np.concatenate(last_ts)
-        vm = np.concatenate(last_mid)
-        idx = np.searchsorted(vt, q[order], side="right") - 1
+            last_iid.append(cols["instrument_id"][lo:hi][keep])
+        # Only the valid snapshots are kept: 20 bytes each, far less than the 368-byte records.
+    if not last_ts:
+        return out
+    vt = np.concatenate(last_ts)
+    vm = np.concatenate(last_mid)
+    if instrument_id is None:
+        groups = [(np.arange(q.shape[0]), vt, vm)]
+    else:
+        qi = np.asarray(instrument_id, dtype=np.uint32)
+        if qi.shape != q.shape:
+            raise FxDataError(
+                f"book_mid_asof: instrument_id {qi.shape} and ts_query {q.shape} differ in shape"
+            )
+        vi = np.concatenate(last_iid)
+        groups = []
+        for iid in np.unique(qi):
+            sel = vi == iid
+            groups.append((np.flatnonzero(qi == iid), vt[sel], vm[sel]))
+    for rows, gt, gm in groups:
+        if gt.size == 0:
+            continue
+        idx = np.searchsorted(gt, q[rows], side="right") - 1
         ok = idx >= 0
-        res = np.full(q.shape[0], np.nan)
-        res[ok] = vm[idx[ok]]
-        out[order] = res
+        out[rows[ok]] = gm[idx[ok]]
     return out
 
 
@@ -419,7 +445,7 @@ def assemble_fxcache_columns(
                 bars.low,
                 bars.close,
                 bars.vwap,
-                book_mid_asof(book, bars.ts_open),
+                book_mid_asof(book, bars.ts_open, instrument_id=bars.instrument_id),
                 contract_codes(bars, book.calendar),
             ]
         )

@@ -59,7 +59,10 @@ class TrainConfig(BaseModel):
     epochs: int = Field(20, ge=1, description="Maximum epochs (early stopping may end sooner).")
     batch_size: int = Field(1024, ge=1, description="Minibatch size (MLP rows / DQN replay samples).")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
-    hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths of the MLP / Q trunk.")
+    # Lists, not tuples: Dagster's config system has no tuple type.
+    hidden: list[int] = Field(
+        default_factory=lambda: [64, 64], description="Hidden layer widths of the MLP / Q trunk."
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer (MLP only).")
     weight_decay: float = Field(1e-5, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
@@ -67,7 +70,9 @@ class TrainConfig(BaseModel):
     max_steps_per_epoch: int | None = Field(
         None, ge=1, description="Cap on optimiser steps per epoch (None: one pass over the training rows)."
     )
-    horizons: tuple[int, ...] = Field((1, 5, 30), description="Label horizons in bars (blended target).")
+    horizons: list[int] = Field(
+        default_factory=lambda: [1, 5, 30], description="Label horizons in bars (blended target)."
+    )
     entry_lag: int = Field(1, ge=0, le=1, description="Bars between decision and fill (d in y^(h)): 0 or 1.")
     target: Literal["blended", "h1"] = Field(
         "blended", description="MLP training target: blended multi-horizon return or 1-bar return."
@@ -75,7 +80,7 @@ class TrainConfig(BaseModel):
     cost: float = Field(
         5e-5, ge=0, description="Cost per unit of position change, log-return units (1 tick / price ≈ 5e-5)."
     )
-    input_columns: tuple[str, ...] | None = Field(
+    input_columns: list[str] | None = Field(
         None, description="Model input columns (None: every non-price column of the fxcache)."
     )
     std_floor: float = Field(1e-12, gt=0, description="A column with train std below this is centred only.")

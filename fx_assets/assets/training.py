@@ -1,0 +1,337 @@
+"""Training assets: ``fold_ranges``, ``trained_model`` (per validation quarter × symbol) and the
+unpartitioned ``walk_forward_report``.
+
+A fold is named by its validation quarter: ``trained_model[2024-Q3|ES.FUT]`` trains on the
+``train_quarters`` quarters before 2024-Q3 (purged) and is evaluated on 2024-Q3 only. Its
+fxcache input is a time-window mapping over exactly those quarters, so a later quarter can
+never reach a fold. ``trained_model`` runs all the folds of a backfill in one run (single-run
+backfill policy) and loads its fxcache partitions through the device loader, which uploads
+each quarter once per run; labels, targets and per-fold normalisation are derived on the
+device from the resident data, never read from disk.
+"""
+
+import base64
+import json
+import time
+
+import dagster as dg
+import numpy as np
+
+from fx_assets.assets.common import StageIO
+from fx_assets.core import lineage
+from fx_assets.core import metrics as M
+from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
+from fx_assets.core.calendar import quarter_label
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.folds import FoldRange, fold_range, fold_table, quarter_start_ns
+from fx_assets.core.fxcache import open_fxcache
+from fx_assets.core.report import FoldOOS, equity_png, stitch
+from fx_assets.core.trainers.common import fold_transition
+from fx_assets.core.trainers.dqn import train_dqn
+from fx_assets.core.trainers.mlp import train_mlp
+from fx_assets.partitions import QuarterSymbol, parse_partition_key
+from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.storage import FxStorage
+from fx_assets.resources.training import ResidentQuarters, TrainingConfig, quarter_window
+
+GPU_TAGS = {"fx/gpu": "1"}
+
+
+def fold_parts(part: QuarterSymbol, n_train: int) -> list[QuarterSymbol]:
+    return [QuarterSymbol(q, part.symbol) for q in quarter_window(part.quarter, n_train)]
+
+
+def fxcache_keys(storage: FxStorage, pipeline: PipelineConfig, parts: list[QuarterSymbol]) -> list[str]:
+    return [StageIO(storage, pipeline, p).key("fxcache") for p in parts]
+
+
+def fold_file(
+    storage: FxStorage, pipeline: PipelineConfig, training: TrainingConfig, part: QuarterSymbol
+) -> tuple:
+    parts = fold_parts(part, training.folds.train_quarters)
+    keys = fxcache_keys(storage, pipeline, parts)
+    key = lineage.fold_ranges_key(keys, training.fold_config())
+    path = storage.layout.stage_file("fold_ranges", part.symbol, part.quarter, key, "json")
+    return parts, keys, key, path
+
+
+def model_dir(
+    storage: FxStorage, pipeline: PipelineConfig, training: TrainingConfig, part: QuarterSymbol
+) -> tuple:
+    parts = fold_parts(part, training.folds.train_quarters)
+    keys = fxcache_keys(storage, pipeline, parts)
+    key = lineage.trained_model_key(keys, training.fold_config(), training.train_config())
+    return keys, key, storage.layout.models_dir(part.symbol, part.quarter, key)
+
+
+def png_markdown(png: bytes, alt: str) -> dg.MetadataValue:
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})")
+
+
+def _fold_range_to_json(fr: FoldRange, keys: list[str], labels: list[str]) -> str:
+    d = {k: getattr(fr, k) for k in FoldRange.__dataclass_fields__}
+    d["fxcache_keys"] = keys
+    d["quarters"] = labels
+    return json.dumps(d, indent=2)
+
+
+def _fold_range_from_json(text: str) -> FoldRange:
+    d = json.loads(text)
+    return FoldRange(**{k: d[k] for k in FoldRange.__dataclass_fields__})
+
+
+def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
+    @dg.asset(
+        partitions_def=training_partitions,
+        deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping)],
+        group_name="training",
+        code_version=lineage.CODE_VERSIONS["fold_ranges"],
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        kinds={"json"},
+        description=(
+            "Index ranges of one walk-forward fold into the time-ordered concatenation of its quarters: "
+            "rolling training window, purge ≥ the longest label horizon, optional embargo, warm-up excluded; "
+            "computed from bar timestamps alone."
+        ),
+    )
+    def fold_ranges(
+        context: dg.AssetExecutionContext,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+        training: TrainingConfig,
+    ) -> dg.MaterializeResult:
+        table = []
+        for pk in sorted(context.partition_keys):
+            part = parse_partition_key(pk)
+            parts, keys, key, out = fold_file(storage, pipeline, training, part)
+            ts = np.concatenate(
+                [
+                    np.array(
+                        open_fxcache(StageIO(storage, pipeline, p).require("fxcache"), verify_finite=False).ts
+                    )
+                    for p in parts
+                ]
+            )
+            starts = [quarter_start_ns(p.quarter) for p in parts]
+            try:
+                fr = fold_range(
+                    ts,
+                    starts,
+                    len(parts) - 1,
+                    training.fold_config(),
+                    label_horizon=training.train_config().purge_bars,
+                    name=quarter_label(part.quarter),
+                )
+            except FxDataError as exc:
+                raise dg.Failure(f"{part.label}: {exc}") from exc
+            labels = [p.quarter_label for p in parts]
+            atomic_write_text(out, _fold_range_to_json(fr, keys, labels))
+            rows = fold_table([fr])
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=context.asset_key,
+                    partition=pk,
+                    metadata={
+                        "fold": part.label,
+                        "path": dg.MetadataValue.path(str(out)),
+                        "training_quarters": ", ".join(labels[:-1]),
+                        "ranges": dg.MetadataValue.md(_rows_markdown(rows)),
+                    },
+                )
+            )
+            table.append(
+                {
+                    "fold": part.label,
+                    "training_quarters": ", ".join(labels[:-1]),
+                    "train": f"[{fr.train_start}, {fr.train_end})",
+                    "val": f"[{fr.val_start}, {fr.val_end})",
+                    "train_bars": fr.n_train,
+                    "val_bars": fr.n_val,
+                    "purge": fr.purge_bars,
+                    "embargo": fr.embargo_bars,
+                    "key": key[:16],
+                }
+            )
+        return dg.MaterializeResult(metadata={"folds": dg.MetadataValue.md(_rows_markdown(table))})
+
+    @dg.asset(
+        partitions_def=training_partitions,
+        ins={
+            "fxcache": dg.AssetIn(
+                key=fxcache.key, partition_mapping=window_mapping, input_manager_key="fxcache_loader"
+            )
+        },
+        deps=[fold_ranges],
+        group_name="training",
+        code_version=lineage.CODE_VERSIONS["trained_model"],
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        op_tags=GPU_TAGS,
+        kinds={"pytorch", "safetensors"},
+        description=(
+            "One model per fold (MLP baseline or double-DQN agent, by config), trained on the fold's "
+            "training slice of the device-resident fxcache and evaluated on its validation quarter only."
+        ),
+    )
+    def trained_model(
+        context: dg.AssetExecutionContext,
+        fxcache: ResidentQuarters,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+        training: TrainingConfig,
+    ) -> dg.MaterializeResult:
+        cfg = training.train_config()
+        rows = []
+        t_run = time.perf_counter()
+        for pk in sorted(context.partition_keys):
+            part = parse_partition_key(pk)
+            parts, _, _, fpath = fold_file(storage, pipeline, training, part)
+            if not fpath.is_file():
+                raise dg.Failure(
+                    f"{part.label}: fold ranges not materialized for the current config ({fpath.name})"
+                )
+            fr = _fold_range_from_json(fpath.read_text())
+            keys, mkey, out_dir = model_dir(storage, pipeline, training, part)
+            view = fxcache.view(parts)
+            t0 = time.perf_counter()
+            segments = view.price("contract") if "contract" in view.price_columns else None
+            try:
+                fold = fold_transition(view, fr, cfg, segments=segments)
+            except FxDataError as exc:
+                raise dg.Failure(f"{part.label}: {exc}") from exc
+            transition_ms = (time.perf_counter() - t0) * 1e3
+            t1 = time.perf_counter()
+            trainer = train_mlp if cfg.trainer == "mlp" else train_dqn
+            result = trainer(fold, cfg, out_dir, keys)
+            train_s = time.perf_counter() - t1
+            oos = FoldOOS(
+                quarter_label(part.quarter),
+                fold.val_ts,
+                fold.val_sessions,
+                result.val_positions,
+                result.val_returns,
+            )
+            oos.save(out_dir / "oos.npz")
+            png = equity_png(oos.ts, oos.returns, f"{part.label} out-of-sample ({cfg.trainer})")
+            atomic_write_bytes(out_dir / "equity.png", png)
+            metrics = {k: float(v) for k, v in result.metrics.items()}
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=context.asset_key,
+                    partition=pk,
+                    metadata={
+                        "fold": part.label,
+                        "trainer": cfg.trainer,
+                        **{k: round(v, 6) for k, v in metrics.items()},
+                        "best_epoch": result.best_epoch,
+                        "fold_transition_ms": round(transition_ms, 3),
+                        "train_seconds": round(train_s, 3),
+                        "checkpoint": dg.MetadataValue.path(str(result.best_path)),
+                        "equity_curve": png_markdown(png, f"equity {part.label}"),
+                    },
+                )
+            )
+            rows.append(
+                {
+                    "fold": part.label,
+                    "train_bars": fr.n_train,
+                    "val_bars": fr.n_val,
+                    "sharpe": round(metrics.get("sharpe", float("nan")), 3),
+                    "max_drawdown": round(metrics.get("max_drawdown", float("nan")), 4),
+                    "hit_rate": round(metrics.get("hit_rate", float("nan")), 4),
+                    "turnover": round(metrics.get("turnover", float("nan")), 4),
+                    "auc": round(metrics.get("auc", float("nan")), 4),
+                    "transition_ms": round(transition_ms, 2),
+                    "model_key": mkey[:16],
+                }
+            )
+            context.log.info(f"{part.label}: {rows[-1]}")
+        stats = fxcache.store.stats()
+        return dg.MaterializeResult(
+            metadata={
+                "folds": dg.MetadataValue.md(_rows_markdown(rows)),
+                "device": str(fxcache.store.device),
+                "uploads": int(stats["uploads"]),
+                "uploads_by_quarter": dg.MetadataValue.json(
+                    {label: stats["uploads_by_key"].get(k, 0) for label, k in sorted(fxcache.keys.items())}
+                ),
+                "bytes_uploaded": int(stats["bytes_uploaded"]),
+                "upload_seconds": round(float(stats["upload_seconds"]), 4),
+                "run_seconds": round(time.perf_counter() - t_run, 3),
+                "trainer": cfg.trainer,
+            }
+        )
+
+    @dg.asset(
+        deps=[dg.AssetDep(trained_model, partition_mapping=dg.AllPartitionMapping())],
+        group_name="training",
+        code_version="1",
+        kinds={"matplotlib"},
+        description="All folds' out-of-sample results stitched in time order: table, combined equity curve, per-fold Sharpe.",
+    )
+    def walk_forward_report(
+        context: dg.AssetExecutionContext,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+        training: TrainingConfig,
+    ) -> dg.MaterializeResult:
+        folds, missing = [], []
+        for pk in training_partitions.get_partition_keys(dynamic_partitions_store=context.instance):
+            part = parse_partition_key(pk)
+            try:
+                _, _, out_dir = model_dir(storage, pipeline, training, part)
+            except FileNotFoundError:
+                missing.append(part.label)
+                continue
+            f = out_dir / "oos.npz"
+            if f.is_file():
+                folds.append((part, FoldOOS.load(f)))
+            else:
+                missing.append(part.label)
+        if not folds:
+            raise dg.Failure("no trained folds with the current config: materialize trained_model first")
+        by_symbol: dict[str, list[FoldOOS]] = {}
+        for part, oos in folds:
+            by_symbol.setdefault(part.symbol, []).append(oos)
+        report_dir = storage.layout.reports_dir()
+        meta: dict = {"missing_folds": ", ".join(missing) or "none"}
+        table = []
+        for symbol, fl in sorted(by_symbol.items()):
+            wf = stitch(fl)
+            summary = wf.summary()
+            bounds = [(int(f.ts[0]), f.name) for f in wf.folds if f.ts.size]
+            png = equity_png(wf.ts, wf.returns, f"{symbol} walk-forward out-of-sample", bounds)
+            atomic_write_bytes(report_dir / f"{symbol}_walk_forward.png", png)
+            for f in wf.folds:
+                table.append(
+                    {
+                        "symbol": symbol,
+                        "fold": f.name,
+                        "bars": int(f.returns.size),
+                        "sharpe": round(float(M.sharpe_daily(f.returns, f.sessions)), 3),
+                        "total_return": round(float(f.returns.sum()), 5),
+                        "max_drawdown": round(float(M.max_drawdown(f.returns)), 4),
+                    }
+                )
+            meta[f"{symbol}_equity"] = png_markdown(png, f"{symbol} walk-forward")
+            meta[f"{symbol}_sharpe"] = round(summary["sharpe"], 3)
+            meta[f"{symbol}_max_drawdown"] = round(summary["max_drawdown"], 4)
+            meta[f"{symbol}_total_return"] = round(summary["total_return"], 5)
+        atomic_write_text(report_dir / "walk_forward.json", json.dumps({"folds": table}, indent=2))
+        meta["folds"] = dg.MetadataValue.md(_rows_markdown(table))
+        meta["path"] = dg.MetadataValue.path(str(report_dir))
+        context.log.info(f"walk-forward report: {len(table)} fold(s), missing: {meta['missing_folds']}")
+        return dg.MaterializeResult(metadata=meta)
+
+    return fold_ranges, trained_model, walk_forward_report
+
+
+def _rows_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["GPU_TAGS", "make_training_assets"]
