@@ -44,6 +44,10 @@ def ensure_synthetic_market(settings: ProjectSettings, config: SynthConfig, cons
     console.print(f"  done in {time.perf_counter() - t0:.1f}s")
 
 
+#: Keep the console to our own progress lines; every event is still in the instance (make ui).
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
 def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int:
     settings = load_settings()
     if not os.environ.get("DAGSTER_HOME"):
@@ -55,46 +59,96 @@ def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int
     ensure_synthetic_market(settings, config, console)
 
     from fx_assets.definitions import build_definitions
+    from fx_assets.partitions import training_partitions
 
     defs = build_definitions(settings)
     instance = dg.DagsterInstance.get()
     assets = list(defs.assets or [])
     resources = dict(defs.resources or {})
-    by_name = {a.key.to_user_string(): a for a in assets if isinstance(a, dg.AssetsDefinition)}
-    sources = [a for a in assets if not isinstance(a, dg.AssetsDefinition) or a.is_observable]
-    per_partition = [
-        name for name in ("predecoded_trades", "predecoded_mbp10", "roll_calendar") if name in by_name
+    sources = [a for a in assets if not isinstance(a, dg.AssetsDefinition)]
+    feature_stages = [
+        "predecoded_trades",
+        "predecoded_mbp10",
+        "roll_calendar",
+        "bars",
+        "bar_features",
+        "ofi_features",
+        "fxcache",
     ]
 
     from dagster._core.definitions.observe import observe
 
     console.print("observing raw sources …")
-    observe(sources, instance=instance, resources=resources)
+    observe(sources, instance=instance, resources=resources, run_config=QUIET)
 
+    console.print("building features, one run per partition …")
     for q in quarters:
         for symbol in settings.symbols:
             part = QuarterSymbol(q, symbol)
             t0 = time.perf_counter()
             result = dg.materialize(
                 assets,
-                selection=per_partition,
+                selection=feature_stages,
                 partition_key=partition_key(q, symbol),
                 instance=instance,
                 resources=resources,
+                run_config=QUIET,
+                raise_on_error=False,
             )
             if not result.success:
-                console.print(f"[red]{part.label}: run {result.run_id} failed[/]")
+                console.print(f"[red]{part.label}: run {result.run_id} failed (see make ui → Runs)[/]")
                 return 1
-            console.print(
-                f"  {quarter_label(q)}|{symbol}: {', '.join(per_partition)} in {time.perf_counter() - t0:.1f}s"
+            console.print(f"  {part.label}: {len(feature_stages)} assets in {time.perf_counter() - t0:.1f}s")
+
+    train_parts = training_partitions(settings)
+    if train_parts is None:
+        console.print("[yellow]too few quarters for a walk-forward fold: training skipped[/]")
+    else:
+        keys = sorted(str(k) for k in train_parts.get_partition_keys())
+        console.print(f"training {len(keys)} fold(s) in one run (device loader: one upload per quarter) …")
+        t0 = time.perf_counter()
+        for symbol in settings.symbols:
+            sym_keys = [k for k in keys if k.endswith(f"|{symbol}")]
+            job = defs.resolve_job_def("train_models")
+            result = job.execute_in_process(
+                instance=instance,
+                resources=resources,
+                run_config=QUIET,
+                tags={
+                    "dagster/asset_partition_range_start": sym_keys[0],
+                    "dagster/asset_partition_range_end": sym_keys[-1],
+                },
+                raise_on_error=False,
             )
+            if not result.success:
+                console.print(f"[red]training {symbol}: run {result.run_id} failed[/]")
+                return 1
+        console.print(f"  done in {time.perf_counter() - t0:.1f}s")
+        report = defs.resolve_job_def("walk_forward").execute_in_process(
+            instance=instance, resources=resources, run_config=QUIET, raise_on_error=False
+        )
+        if not report.success:
+            console.print(f"[red]walk_forward_report: run {report.run_id} failed[/]")
+            return 1
+        for ev in report.get_asset_materialization_events():
+            md = ev.materialization.metadata
+            for symbol in settings.symbols:
+                if f"{symbol}_sharpe" in md:
+                    console.print(
+                        f"  {symbol} out-of-sample: Sharpe {md[f'{symbol}_sharpe'].value}, "
+                        f"max drawdown {md[f'{symbol}_max_drawdown'].value}"
+                    )
 
     root = Path(settings.data_root).resolve()
-    console.print(
-        "\n[bold green]demo complete.[/] Next:\n"
-        "  make ui                         # Dagster UI at http://127.0.0.1:3000 (Assets, Runs)\n"
-        f"  ls {root}/derived               # sidecars and derived files (cache key in each name)\n"
-        f"  .venv/bin/fx-assets inspect {root}/raw/trades/{settings.symbols[0]}/"
-        f"{settings.symbols[0]}_{quarter_label(quarters[0])}.dbn.zst\n"
+    first = (
+        f"{root}/raw/trades/{settings.symbols[0]}/{settings.symbols[0]}_{quarter_label(quarters[0])}.dbn.zst"
     )
+    console.print("\n[bold green]demo complete.[/] Next:")
+    for line in (
+        "  make ui      # Dagster UI at http://127.0.0.1:3000: Assets (lineage, partitions, metadata), Runs",
+        f"  ls {root}/derived      # sidecars and derived files (cache key in each name)",
+        f"  .venv/bin/fx-assets inspect {first}",
+        f"  ls {root}/models {root}/reports      # checkpoints (safetensors + JSON), report",
+    ):
+        console.print(line, soft_wrap=True, highlight=False)
     return 0

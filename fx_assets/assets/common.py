@@ -15,10 +15,12 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pyarrow as pa
 
 from fx_assets.core import lineage
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.sidecar import SidecarInfo, ensure_sidecar
 from fx_assets.partitions import QuarterSymbol
 from fx_assets.resources.pipeline import PipelineConfig
@@ -137,3 +139,30 @@ def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: obje
         **metadata,
     }
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key_hex[:24]))
+
+
+def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
+    """A materialization of the existing keyed file, if it is there and valid (a cache hit).
+
+    The key covers every input and parameter, so an existing file is exactly what this run
+    would write; it is opened and checked (Arrow schema / fxcache validation) before it is
+    trusted, and a corrupt one is removed and rebuilt.
+    """
+    path = io.path(stage)
+    if not path.is_file():
+        return None
+    try:
+        if stage == "fxcache":
+            from fx_assets.core.fxcache import open_fxcache
+
+            rows = open_fxcache(path).n_bars
+        else:
+            from fx_assets.core.stages import read_table
+
+            rows = read_table(path).num_rows
+    except (FxDataError, OSError, pa.ArrowInvalid) as exc:
+        # Not a valid cache entry (e.g. written by a crashed tool, or a format bump): rebuild.
+        dg.get_dagster_logger().warning(f"{path}: invalid cached file, rebuilding ({exc})")
+        path.unlink(missing_ok=True)
+        return None
+    return keyed_result(io.key(stage), path, io.part, action="reused", rows=int(rows))

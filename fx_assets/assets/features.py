@@ -12,7 +12,7 @@ from collections.abc import Callable
 import dagster as dg
 import numpy as np
 
-from fx_assets.assets.common import StageIO, keyed_result, summary_table
+from fx_assets.assets.common import StageIO, cached_result, keyed_result, summary_table
 from fx_assets.core import lineage
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import FeatureTable, max_window, validate_features
@@ -90,6 +90,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         io = StageIO(storage, pipeline, part)
+        hit = cached_result(io, "bars")
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         trades = _active(io, part.quarter)
         table = _guard(part, lambda: quarter_bars(trades, io.cfg.bars))
@@ -156,6 +159,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         io = StageIO(storage, pipeline, part)
+        hit = cached_result(io, "bar_features")
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
         previous = _previous_bars(io, max_window(io.cfg.bar_features))
@@ -187,6 +193,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         io = StageIO(storage, pipeline, part)
+        hit = cached_result(io, "ofi_features")
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
         kw: dict = {}
@@ -234,6 +243,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         io = StageIO(storage, pipeline, part)
+        hit = cached_result(io, "fxcache")
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
         feats = FeatureTable.from_arrow(read_table(io.require("bar_features")))

@@ -12,7 +12,7 @@ import time
 import dagster as dg
 from pydantic import Field
 
-from fx_assets.assets.common import StageIO, keyed_result
+from fx_assets.assets.common import StageIO, cached_result, keyed_result
 from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
@@ -119,6 +119,9 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         io = StageIO(storage, pipeline, part)
+        hit = cached_result(io, "roll_calendar")
+        if hit is not None:
+            return hit
         info = io.sidecar("trades")
         prev_q = previous_quarter(part.quarter)
         prev = io.sidecar("trades", prev_q) if io.has_raw("trades", prev_q) else None

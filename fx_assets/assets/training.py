@@ -191,6 +191,13 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                 )
             fr = _fold_range_from_json(fpath.read_text())
             keys, mkey, out_dir = model_dir(storage, pipeline, training, part)
+            done = out_dir / "checkpoint.json"
+            if done.is_file() and (out_dir / "oos.npz").is_file() and (out_dir / "equity.png").is_file():
+                # Same key = same inputs, config and code: the model on disk is this run's result.
+                metrics = {k: float(v) for k, v in json.loads(done.read_text())["metrics"].items()}
+                rows.append(_fold_row(part.label, fr, metrics, float("nan"), mkey, "reused"))
+                context.log.info(f"{part.label}: model {mkey[:16]} already trained, reused")
+                continue
             view = fxcache.view(parts)
             t0 = time.perf_counter()
             segments = view.price("contract") if "contract" in view.price_columns else None
@@ -230,20 +237,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                     },
                 )
             )
-            rows.append(
-                {
-                    "fold": part.label,
-                    "train_bars": fr.n_train,
-                    "val_bars": fr.n_val,
-                    "sharpe": round(metrics.get("sharpe", float("nan")), 3),
-                    "max_drawdown": round(metrics.get("max_drawdown", float("nan")), 4),
-                    "hit_rate": round(metrics.get("hit_rate", float("nan")), 4),
-                    "turnover": round(metrics.get("turnover", float("nan")), 4),
-                    "auc": round(metrics.get("auc", float("nan")), 4),
-                    "transition_ms": round(transition_ms, 2),
-                    "model_key": mkey[:16],
-                }
-            )
+            rows.append(_fold_row(part.label, fr, metrics, transition_ms, mkey, "trained"))
             context.log.info(f"{part.label}: {rows[-1]}")
         stats = fxcache.store.stats()
         return dg.MaterializeResult(
@@ -323,6 +317,22 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         return dg.MaterializeResult(metadata=meta)
 
     return fold_ranges, trained_model, walk_forward_report
+
+
+def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mkey: str, action: str) -> dict:
+    return {
+        "fold": label,
+        "action": action,
+        "train_bars": fr.n_train,
+        "val_bars": fr.n_val,
+        "sharpe": round(metrics.get("sharpe", float("nan")), 3),
+        "max_drawdown": round(metrics.get("max_drawdown", float("nan")), 4),
+        "hit_rate": round(metrics.get("hit_rate", float("nan")), 4),
+        "turnover": round(metrics.get("turnover", float("nan")), 4),
+        "auc": round(metrics.get("auc", float("nan")), 4),
+        "transition_ms": round(transition_ms, 2),
+        "model_key": mkey[:16],
+    }
 
 
 def _rows_markdown(rows: list[dict]) -> str:
