@@ -66,12 +66,10 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     observe_raw = dg.define_asset_job(
         "observe_raw",
         selection=dg.AssetSelection.assets(raw_trades.key, raw_mbp10.key),
-        partitions_def=partitions,
     )
     build_features = dg.define_asset_job(
         "build_features",
         selection=dg.AssetSelection.assets(*feature_assets),
-        partitions_def=partitions,
         description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
     )
     storage = FxStorage(root=str(settings.data_root))
@@ -96,7 +94,6 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             dg.define_asset_job(
                 "train_models",
                 selection=dg.AssetSelection.assets(fold_ranges, trained_model),
-                partitions_def=train_parts,
                 executor_def=dg.in_process_executor,
                 tags=GPU_TAGS,
                 description="Fold ranges and trained models for the selected validation quarters, in one run.",

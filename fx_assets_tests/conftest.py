@@ -22,3 +22,23 @@ def dbn_fixtures() -> Path:
     if not path.is_dir():
         pytest.fail(f"Databento fixtures not found at {path} (set FX_FIXTURES)")
     return path
+
+
+def make_market(
+    root: Path, quarters: str, *, scale: float = 0.004, seed: int = 11, signal: float = 1.0
+) -> Path:
+    """Write a tiny synthetic market under ``root`` (raw/ layout) and return ``root``."""
+    from fx_assets.core.calendar import quarter_range
+    from fx_assets.core.synth import SynthConfig, generate_market
+
+    generate_market(
+        root, SynthConfig(quarters=tuple(quarter_range(quarters)), scale=scale, seed=seed, signal=signal)
+    )
+    return root
+
+
+@pytest.fixture(scope="session")
+def market3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three quarters (2024-Q1..Q3) of a tiny ES market with a planted signal (read-only: copy
+    it before changing files)."""
+    return make_market(tmp_path_factory.mktemp("market3"), "2024-Q1:2024-Q3")

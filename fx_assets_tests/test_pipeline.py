@@ -1,0 +1,186 @@
+"""Assets materialized through Dagster on an ephemeral instance, on a tiny synthetic market."""
+
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from dagster._core.definitions.observe import observe
+
+from fx_assets.core.sidecar import open_sidecar
+from fx_assets.definitions import build_definitions
+from fx_assets.partitions import partition_key
+from fx_assets.settings import ProjectSettings
+
+Q1, Q2, Q3 = dt.date(2024, 1, 1), dt.date(2024, 4, 1), dt.date(2024, 7, 1)
+INGEST = ["predecoded_trades", "predecoded_mbp10", "roll_calendar"]
+FEATURES = [*INGEST, "bars", "bar_features", "ofi_features", "fxcache"]
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
+def defs_for(root: Path, last: dt.date = Q3, train_quarters: int = 1) -> dg.Definitions:
+    return build_definitions(
+        ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=last, train_quarters=train_quarters)
+    )
+
+
+def materialize(defs: dg.Definitions, inst: dg.DagsterInstance, selection: list[str], quarter: dt.date):
+    return dg.materialize(
+        list(defs.assets or []),
+        selection=selection,
+        partition_key=partition_key(quarter, "ES.FUT"),
+        instance=inst,
+        resources=dict(defs.resources or {}),
+        run_config=QUIET,
+    )
+
+
+def meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    for ev in result.get_asset_materialization_events():
+        if ev.asset_key.to_user_string() == asset:
+            return {k: v.value for k, v in ev.materialization.metadata.items()}
+    raise KeyError(asset)
+
+
+@pytest.fixture
+def market(market3: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    return root
+
+
+def observed_versions(defs: dg.Definitions, inst: dg.DagsterInstance) -> dict[str, str]:
+    sources = [a for a in defs.assets or [] if not isinstance(a, dg.AssetsDefinition)]
+    observe(sources, instance=inst, resources=dict(defs.resources or {}), run_config=QUIET)
+    out = {}
+    for key in ("raw_trades", "raw_mbp10"):
+        records = inst.fetch_observations(dg.AssetKey(key), limit=100).records
+        for r in records:
+            ev = r.event_log_entry.asset_observation
+            out.setdefault(f"{key}[{ev.partition}]", ev.data_version)
+    return out
+
+
+def test_ingest_two_partitions_and_invalidation(market: Path) -> None:
+    defs = defs_for(market, last=Q2)
+    with dg.instance_for_test() as inst:
+        versions = observed_versions(defs, inst)
+        assert {
+            "raw_trades[2024-01|ES.FUT]",
+            "raw_trades[2024-04|ES.FUT]",
+            "raw_mbp10[2024-04|ES.FUT]",
+        } <= set(versions)
+        for q in (Q1, Q2):
+            r = materialize(defs, inst, INGEST, q)
+            assert r.success
+            m = meta(r, "predecoded_trades")
+            assert m["action"] == "decoded" and m["records"] > 1000
+            sidecar = Path(m["path"])
+            assert open_sidecar(sidecar).num_rows == m["records"]
+            roll = meta(r, "roll_calendar")
+            assert roll["sessions"] >= 60
+            assert len(roll["rolls"].records) == 1  # one quarterly roll per quarter
+        # A second run reuses the fresh sidecar.
+        r = materialize(defs, inst, ["predecoded_trades"], Q2)
+        assert meta(r, "predecoded_trades")["action"] == "reused"
+        # Replacing the raw file: a new data version upstream, and the sidecar is decoded again.
+        raw = market / "raw/trades/ES.FUT/ES.FUT_2024-Q2.dbn.zst"
+        st = raw.stat()
+        os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        newer = observed_versions(defs, inst)
+        assert newer["raw_trades[2024-04|ES.FUT]"] != versions["raw_trades[2024-04|ES.FUT]"]
+        r = materialize(defs, inst, ["predecoded_trades"], Q2)
+        assert meta(r, "predecoded_trades")["action"] == "decoded"
+
+
+def test_missing_raw_file_names_partition_and_path(market: Path) -> None:
+    (market / "raw/mbp-10/ES.FUT/ES.FUT_2024-Q2.dbn.zst").unlink()
+    defs = defs_for(market, last=Q2)
+    with dg.instance_for_test() as inst:
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=["predecoded_mbp10"],
+            partition_key=partition_key(Q2, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        assert not r.success
+        text = str(r.get_step_failure_events()[0].event_specific_data.error)
+        assert "2024-Q2|ES.FUT" in text and "ES.FUT_2024-Q2.dbn.zst" in text
+
+
+def test_features_then_one_training_run(market: Path) -> None:
+    defs = defs_for(market, last=Q3, train_quarters=1)
+    with dg.instance_for_test() as inst:
+        for q in (Q1, Q2, Q3):
+            r = materialize(defs, inst, FEATURES, q)
+            assert r.success
+            bars = meta(r, "bars")
+            assert bars["volume_conserved"] is True and bars["bars"] > 500
+            assert meta(r, "fxcache")["bars"] > 0
+        assert meta(r, "bar_features")["warmup_bars"] > 0  # Q3 warmed up from Q2
+        assert meta(r, "ofi_features")["warmed_up_from_previous_quarter"] is True
+        # Cache hit: the same partition again reuses every keyed file.
+        again = materialize(defs, inst, ["bars", "bar_features", "ofi_features", "fxcache"], Q3)
+        assert all(
+            meta(again, a)["action"] == "reused" for a in ("bars", "bar_features", "ofi_features", "fxcache")
+        )
+
+        # Both folds (validation 2024-Q2 and 2024-Q3) in ONE run: each quarter uploaded once.
+        job = defs.resolve_job_def("train_models")
+        r = job.execute_in_process(
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            tags={
+                "dagster/asset_partition_range_start": "2024-04|ES.FUT",
+                "dagster/asset_partition_range_end": "2024-07|ES.FUT",
+            },
+        )
+        assert r.success
+        tm = meta(r, "trained_model")
+        assert tm["uploads"] == 3
+        assert set(tm["uploads_by_quarter"].values()) == {1}
+        obs = inst.fetch_observations(dg.AssetKey("trained_model"), limit=10).records
+        assert {o.event_log_entry.asset_observation.partition for o in obs} == {
+            "2024-04|ES.FUT",
+            "2024-07|ES.FUT",
+        }
+        rep = defs.resolve_job_def("walk_forward").execute_in_process(
+            instance=inst, resources=dict(defs.resources or {}), run_config=QUIET
+        )
+        assert rep.success
+        rm = meta(rep, "walk_forward_report")
+        assert rm["missing_folds"] == "none"
+        assert np.isfinite(float(rm["ES.FUT_sharpe"]))
+        assert (market / "reports" / "ES.FUT_walk_forward.png").stat().st_size > 1000
+
+
+def test_build_features_through_the_multiprocess_executor(
+    market: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps in separate processes share nothing but files: the keyed-file hand-off must work."""
+    monkeypatch.setenv("FX_DATA_ROOT", str(market))
+    monkeypatch.setenv("FX_FIRST_QUARTER", "2024-Q1")
+    monkeypatch.setenv("FX_LAST_QUARTER", "2024-Q1")
+    from fx_assets_tests import jobs_for_tests
+
+    with dg.instance_for_test() as inst:
+        with dg.execute_job(
+            dg.reconstructable(jobs_for_tests.build_features_job),
+            instance=inst,
+            run_config=QUIET,
+            tags={
+                "dagster/partition/quarter": "2024-01",
+                "dagster/partition/symbol": "ES.FUT",
+                "dagster/partition": "2024-01|ES.FUT",
+            },
+        ) as result:
+            assert result.success
+            mats = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+            assert mats == set(FEATURES)
