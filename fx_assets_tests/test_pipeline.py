@@ -184,3 +184,36 @@ def test_build_features_through_the_multiprocess_executor(
             assert result.success
             mats = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
             assert mats == set(FEATURES)
+
+
+def test_two_parameter_sets_coexist_on_disk(market: Path) -> None:
+    from fx_assets.resources.pipeline import BarsConfig, PipelineConfig
+
+    defs = defs_for(market, last=Q1)
+    res = dict(defs.resources or {})
+    with dg.instance_for_test() as inst:
+        stages = [*INGEST, "bars", "bar_features", "ofi_features", "fxcache"]
+        a = dg.materialize(
+            list(defs.assets or []),
+            selection=stages,
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=res,
+            run_config=QUIET,
+        )
+        res50 = {**res, "pipeline": PipelineConfig(bars=BarsConfig(volume_bar_size=50))}
+        b = dg.materialize(
+            list(defs.assets or []),
+            selection=stages,
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=res50,
+            run_config=QUIET,
+        )
+        pa_, pb = Path(meta(a, "fxcache")["path"]), Path(meta(b, "fxcache")["path"])
+        assert pa_ != pb and pa_.is_file() and pb.is_file()
+        assert meta(b, "bars")["bars"] > 1.5 * meta(a, "bars")["bars"]
+        assert len(list((market / "derived/fxcache/ES.FUT").glob("*.fxcache"))) == 2
+        # Different configs are different data versions, so Dagster shows downstream as unsynced.
+        va = inst.get_latest_materialization_event(dg.AssetKey("fxcache"))
+        assert va is not None

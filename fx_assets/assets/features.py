@@ -260,7 +260,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
                 path,
                 ts,
                 groups,
-                io.cfg.fxcache.dtype,  # type: ignore[arg-type]
+                io.cfg.fxcache.dtype,
                 bytes.fromhex(key),
                 {"partition": part.label, "dropped_rows": dropped, "cache_key": key},
             ),

@@ -317,6 +317,10 @@ def _fresh_values(ann: Any, b: tuple[float, float, bool, bool]) -> Iterator[Any]
         yield "x"
     elif isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
         yield ann()
+    elif get_origin(ann) in (list, tuple):
+        args = [a for a in get_args(ann) if a is not Ellipsis]
+        for elem in _fresh_values(args[0], b) if args else iter(()):
+            yield [elem] if get_origin(ann) is list else (elem,)
     else:
         raise TypeError(f"mutate_field_value: cannot make a value for None of type {ann!r}")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,9 +49,8 @@ class FxCacheConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dtype: str = Field(
+    dtype: Literal["f32", "bf16", "f64"] = Field(
         "f32",
-        pattern="^(f32|bf16|f64)$",
         description="Value type of the cache: f32, bf16 or f64 (bf16 halves the upload but keeps "
         "only ~3 significant digits, so prices come from f32/f64 caches).",
     )

@@ -14,8 +14,9 @@ The kernels themselves live in :mod:`bars`, :mod:`bar_features` and :mod:`ofi`.
   bars so that no bar of an interior quarter is dropped.
 - ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
   quarter) are processed in chunks of about ``book_chunk`` book events; each chunk replays
-  enough earlier bars to rebuild every rolling state, which the OFI kernels guarantee gives
-  the sequential numbers, so peak memory is set by the chunk, not the quarter.
+  enough earlier bars to rebuild every rolling state (at least ``ofi_warmup_bars``, and back to
+  a bar whose window holds a valid snapshot, which carries the book state), which gives the
+  sequential numbers, so peak memory is set by the chunk, not the quarter.
 """
 
 from __future__ import annotations
@@ -238,6 +239,41 @@ def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
     )
 
 
+def _has_valid_snapshot(
+    sources: list[tuple[BookSource, dict[str, np.ndarray]]], ts_close: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Per bar: does its window ``(τ_{j-1}, τ_j]`` hold a valid snapshot of the active contract
+    (the OFI kernel's rule: both touches present, not crossed)? Bar 0 counts every earlier
+    snapshot. Streams the book in ``DEFAULT_BOOK_CHUNK`` records."""
+    upto = np.zeros(ts_close.shape[0], dtype=np.int64)
+    for src, c in sources:
+        ts = c["ts_recv"]
+        for lo in range(0, ts.shape[0], DEFAULT_BOOK_CHUNK):
+            hi = min(lo + DEFAULT_BOOK_CHUNK, ts.shape[0])
+            t = ts[lo:hi]
+            b = c["bid_px_00"][lo:hi]
+            a = c["ask_px_00"][lo:hi]
+            keep = active_mask(session_day(t), c["instrument_id"][lo:hi], src.calendar)
+            keep &= (b != UNDEF_PRICE) & (a != UNDEF_PRICE) & (b > 0) & (b <= a)
+            upto += np.searchsorted(t[keep], ts_close, side="right")
+    return np.diff(upto, prepend=0) > 0
+
+
+def _replay_start(j: int, has_snap: npt.NDArray[np.bool_], inst: npt.NDArray[np.uint32]) -> int:
+    """First bar to replay so that bar ``j``'s replay starts from the sequential book state.
+
+    ``ofi_warmup_bars`` counts bars and contracts, but the OFI event pass also carries the last
+    valid snapshot, which a replay only rebuilds once a window holds one: where the book is
+    thin (overnight) several bars can have none. So the replay moves back to a bar whose window
+    holds a valid snapshot, or to the start of its contract segment (where the sequential pass
+    resets too), or to bar 0.
+    """
+    j = max(j, 0)
+    while j > 0 and not has_snap[j] and inst[j] == inst[j - 1]:
+        j -= 1
+    return j
+
+
 def quarter_ofi(
     bars: BarTable,
     trades: ActiveTrades,
@@ -255,7 +291,8 @@ def quarter_ofi(
     The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
     quarter's; it is cut into chunks of about ``book_chunk`` book events, and each chunk after
     the first replays the ``ofi_warmup_bars`` bars before it, so every chunk starts from the
-    state the sequential pass would have.
+    state the sequential pass would have. Both replays reach further back where needed to hold a
+    valid book snapshot (see :func:`_replay_start`).
     """
     book_cols = sidecar_columns(book.path, _BOOK_COLUMNS)
     if book_cols["ts_recv"].size == 0:
@@ -265,11 +302,15 @@ def quarter_ofi(
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
     if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
-        n_warm = ofi_core.ofi_warmup_bars(prev_bars.volume, config)
-        k = len(prev_bars) - n_warm
-        all_bars = BarTable.concat([prev_bars.slice(k, len(prev_bars)), bars])
-        before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
         sources.append((prev_book, sidecar_columns(prev_book.path, _BOOK_COLUMNS)))
+        n_prev = len(prev_bars)
+        has_prev = _has_valid_snapshot(sources, prev_bars.ts_close)
+        k = _replay_start(
+            n_prev - ofi_core.ofi_warmup_bars(prev_bars.volume, config), has_prev, prev_bars.instrument_id
+        )
+        n_warm = n_prev - k
+        all_bars = BarTable.concat([prev_bars.slice(k, n_prev), bars])
+        before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
         t_ts = np.concatenate([prev_trades.ts, trades.ts])
         t_px = np.concatenate([prev_trades.price, trades.price])
         t_sz = np.concatenate([prev_trades.size, trades.size])
@@ -285,6 +326,8 @@ def quarter_ofi(
     def close_before(j: int) -> int | None:
         return int(ts_close[j - 1]) if j > 0 else before_first
 
+    has_snap = _has_valid_snapshot(sources, ts_close)
+
     # Book events up to each bar's close, over all sources: sets the chunk boundaries.
     cum = np.zeros(n_all, dtype=np.int64)
     for _, c in sources:
@@ -298,7 +341,11 @@ def quarter_ofi(
 
     outs: list[ofi_core.OfiFeatures] = []
     for b0, b1 in itertools.pairwise(bounds):
-        w0 = 0 if b0 == n_warm else b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config)
+        w0 = (
+            0
+            if b0 == n_warm
+            else _replay_start(b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config), has_snap, inst)
+        )
         t_start = close_before(w0)
         lo_t = t_start if t_start is not None else np.iinfo(np.int64).min
         hi_t = int(ts_close[b1 - 1])

@@ -1,0 +1,66 @@
+"""The sensor-free command-line path: synth -> (Dagster-free) inspect of DBN, sidecar, fxcache."""
+
+import json
+from pathlib import Path
+
+import databento as db
+import numpy as np
+import pytest
+
+from fx_assets.cli import main
+from fx_assets.core.fxcache import write_fxcache
+from fx_assets.core.sidecar import ensure_sidecar
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_synth_inspect_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rep = run_json(
+        capsys,
+        "synth",
+        "--out",
+        str(tmp_path),
+        "--quarters",
+        "2024-Q2",
+        "--scale",
+        "0.002",
+        "--seed",
+        "5",
+        "--null",
+        "--json",
+    )
+    trades = tmp_path / "raw/trades/ES.FUT/ES.FUT_2024-Q2.dbn.zst"
+    assert str(trades) in json.dumps(rep)
+    store = db.DBNStore.from_file(trades)
+    n = len(store.to_ndarray())
+    desc = run_json(capsys, "inspect", str(trades), "--json")
+    assert desc["kind"] == "dbn"
+    assert json.dumps(desc).count("ES") > 0
+    info = ensure_sidecar(trades, tmp_path / "side")
+    sdesc = run_json(capsys, "inspect", str(info.path), "--json")
+    assert sdesc["kind"] == "sidecar"
+    assert n in {v for v in sdesc.values() if isinstance(v, int)}
+    fx = write_fxcache(
+        tmp_path / "x.fxcache",
+        np.arange(5, dtype=np.int64),
+        {
+            "feature": (["a", "b"], np.arange(10.0).reshape(5, 2)),
+            "price": (["close"], np.full((5, 1), 5000.0)),
+        },
+        "f32",
+        b"k" * 32,
+    )
+    fdesc = run_json(capsys, "inspect", str(fx), "--json")
+    assert fdesc["kind"] == "fxcache"
+    assert "a" in json.dumps(fdesc)
+
+
+def test_inspect_rejects_other_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello")
+    assert main(["inspect", str(bad)]) == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "missing.dbn.zst")]) == 2
