@@ -8,6 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from rich.console import Console
@@ -63,7 +64,7 @@ def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int
 
     defs = build_definitions(settings)
     instance = dg.DagsterInstance.get()
-    assets = list(defs.assets or [])
+    assets: list[Any] = list(defs.assets or [])
     resources = dict(defs.resources or {})
     sources = [a for a in assets if not isinstance(a, dg.AssetsDefinition)]
     feature_stages = [

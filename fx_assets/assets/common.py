@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import numpy as np
@@ -132,7 +133,7 @@ def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:
 
 def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: object) -> dg.MaterializeResult:
     """A materialization whose data version is the cache key (so config changes show as unsynced)."""
-    meta = {
+    meta: dict[str, Any] = {
         "quarter": quarter_label(part.quarter),
         "path": dg.MetadataValue.path(str(path)),
         "cache_key": key_hex[:16],

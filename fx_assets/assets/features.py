@@ -252,7 +252,8 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         ofi = ofi_core.OfiFeatures.from_arrow(read_table(io.require("ofi_features")))
         key = io.key("fxcache")
         assembled = _guard(part, lambda: assemble_fxcache_columns(cur, feats, ofi, _book(io, part.quarter)))
-        ts, groups, dropped = assembled  # type: ignore[misc]
+        assert isinstance(assembled, tuple)
+        ts, groups, dropped = assembled
         path = io.path("fxcache")
         _guard(
             part,

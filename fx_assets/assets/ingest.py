@@ -8,6 +8,7 @@ stale sidecar is never read and a fresh one is never decoded twice.
 """
 
 import time
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -83,7 +84,7 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
         seconds = time.perf_counter() - t0
         action = "reused" if info.reused else "decoded"
         context.log.info(f"{part.label}: {action} {info.n_records:,} {schema} records in {seconds:.2f}s")
-        meta = {
+        meta: dict[str, Any] = {
             "quarter": quarter_label(part.quarter),
             "path": dg.MetadataValue.path(str(info.path)),
             "records": info.n_records,

@@ -290,13 +290,13 @@ def _candidates(value: Any, annotation: Any, metadata: Sequence[Any]) -> Iterato
                     yield (*items[:i], c, *items[i + 1 :])
     elif origin is list or ann is list:
         # Dagster config has no tuples, so stage configs use lists: mutate like a variable tuple.
-        args = get_args(ann)
-        items = list(value)
-        if items:
-            for c in _candidates(items[0], args[0] if args else type(items[0]), ()):
-                yield [c, *items[1:]]
-            yield items[:-1]
-            yield [*items, items[-1]]
+        largs = get_args(ann)
+        litems = list(value)
+        if litems:
+            for c in _candidates(litems[0], largs[0] if largs else type(litems[0]), ()):
+                yield [c, *litems[1:]]
+            yield litems[:-1]
+            yield [*litems, litems[-1]]
     else:
         raise TypeError(f"mutate_field_value: unsupported field type {ann!r}")
 

@@ -103,6 +103,7 @@ def equity_png(
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3), dpi=90)
@@ -110,8 +111,9 @@ def equity_png(
         t = ts.astype("datetime64[ns]")
         ax.plot(t, np.exp(np.cumsum(returns)), lw=1.0, color="#1f5fa8")
         for when, label in boundaries or []:
-            ax.axvline(np.datetime64(int(when), "ns"), color="#999", lw=0.6, ls="--")
-            ax.text(np.datetime64(int(when), "ns"), ax.get_ylim()[1], f" {label}", va="top", fontsize=7)
+            x = float(mdates.date2num(np.datetime64(int(when), "ns")))
+            ax.axvline(x, color="#999", lw=0.6, ls="--")
+            ax.text(x, ax.get_ylim()[1], f" {label}", va="top", fontsize=7)
     ax.axhline(1.0, color="#444", lw=0.5)
     ax.set_title(title, fontsize=9)
     ax.set_ylabel("equity (start = 1)")

@@ -47,7 +47,7 @@ class PipelineConfig(dg.ConfigurableResource):
     ofi: OfiFeaturesConfig = Field(default_factory=OfiFeaturesConfig, description="OFI / book features.")
     fxcache: FxCacheWriteConfig = Field(default_factory=FxCacheWriteConfig, description="fxcache layout.")
     bars_target_per_session: int | None = Field(
-        None,
+        default=None,
         description="Expected bars per session; a warning is logged when a quarter drifts more "
         "than ±50% from it (useful with imbalance bars). Does not change any output.",
     )

@@ -75,10 +75,14 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
 
     storage: dg.ResourceDependency[FxStorage]
     pipeline: dg.ResourceDependency[PipelineConfig]
-    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu' or 'cuda[:N]'.")
-    value_dtype: str = Field("float32", description="Dtype of the resident values: float32 or bfloat16.")
+    device: str = Field(
+        default="auto", description="'auto' (cuda if available, else cpu), 'cpu' or 'cuda[:N]'."
+    )
+    value_dtype: str = Field(
+        default="float32", description="Dtype of the resident values: float32 or bfloat16."
+    )
     chunk_rows: int = Field(
-        1 << 16, ge=1024, description="Rows per pinned staging chunk (bounds host memory)."
+        default=65536, ge=1024, description="Rows per pinned staging chunk (bounds host memory)."
     )
 
     _store: DeviceStore | None = PrivateAttr(default=None)
