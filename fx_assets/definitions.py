@@ -38,6 +38,7 @@ from fx_assets.partitions import fold_window_mapping, quarter_symbol_partitions,
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 from fx_assets.resources.training import DeviceFxCacheLoader, default_training
+from fx_assets.sensors import make_sensors
 from fx_assets.settings import ProjectSettings, load_settings
 
 # Partition mappings, backfill policies and observable sources are beta in Dagster 1.13; the
@@ -106,7 +107,8 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 description="Stitch every trained fold's out-of-sample results.",
             )
         )
-    return dg.Definitions(assets=assets, jobs=jobs, resources=resources)
+    sensors = make_sensors(partitions, train_parts, settings.train_quarters, storage)
+    return dg.Definitions(assets=assets, jobs=jobs, resources=resources, sensors=sensors)
 
 
 defs = build_definitions(load_settings())
