@@ -35,6 +35,7 @@ from fx_assets.core.bars import BarConfig, BarTable, build_bars
 from fx_assets.core.calendar import quarter_label, session_day
 from fx_assets.core.contracts import is_spread
 from fx_assets.core.dbn import UNDEF_PRICE, px_to_float, read_header, read_records
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, compute_roll_calendar
 from fx_assets.core.sidecar import ensure_sidecar, read_symbol_map, sidecar_columns
 from fx_assets.core.synth import SynthConfig, generate_market
@@ -298,13 +299,20 @@ def _pick_bars(out: QuarterOut, rng: np.random.Generator, n_random: int) -> list
     return sorted(set(picks))
 
 
-@pytest.mark.parametrize("qi", [0, 1])
+@pytest.mark.parametrize(
+    ("qi", "small_ofi"), [(0, False), (1, False), (1, True)], ids=["Q1", "Q2", "Q2-small-ofi"]
+)
 def test_truncation_and_alteration_after_bar_t_change_nothing_up_to_t(
-    market: Market, tmp_path: Path, qi: int
+    market: Market, tmp_path: Path, qi: int, small_ofi: bool
 ) -> None:
-    ref = market.outs[qi]
-    rng = np.random.default_rng(100 + qi)
-    picks = _pick_bars(ref, rng, n_random=2 if qi else 1)
+    cfg = Cfg(DEFAULT.bars, DEFAULT.feats, SMALL_OFI) if small_ofi else DEFAULT
+    ref = (
+        market.outs[qi]
+        if not small_ofi
+        else run_chain(market.trades[: qi + 1], market.book[: qi + 1], tmp_path / "ref", cfg)[qi]
+    )
+    rng = np.random.default_rng(100 + qi + 10 * small_ofi)
+    picks = _pick_bars(ref, rng, n_random=3)
     pair = outright_ids(ref.trades_sidecar)
     roll_changed = 0
     for t in picks:
@@ -318,7 +326,7 @@ def test_truncation_and_alteration_after_bar_t_change_nothing_up_to_t(
             work = tmp_path / f"t{t}_{name}"
             trades = [*market.trades[:qi], rewrite_dbn(market.trades[qi], work / "trades.dbn.zst", edit)]
             book = [*market.book[:qi], rewrite_dbn(market.book[qi], work / "mbp10.dbn.zst", edit)]
-            out = run_chain(trades, book, work)[qi]
+            out = run_chain(trades, book, work, cfg)[qi]
             what = f"{ref.label} bar t={t} ({name})"
             assert calendar_rows(out.calendar, s_t) == calendar_rows(ref.calendar, s_t), what
             features_prefix_equal(ref, out, t + 1, what)
@@ -335,6 +343,26 @@ def test_truncation_and_alteration_after_bar_t_change_nothing_up_to_t(
     if qi == 1:
         # The alteration moved the roll of a later session at least once, and bars <= t held.
         assert roll_changed >= 1
+
+
+def test_off_grid_price_after_bar_t_is_an_error_not_a_change(market: Market, tmp_path: Path) -> None:
+    """The tick is a config property (OfiConfig.tick_size), never inferred from the quarter, so a
+    late off-grid price cannot rescale earlier bars' tick features: it is reported instead."""
+    ref = market.outs[1]
+    t = len(ref.bars) // 2
+    tau = int(ref.bars.ts_close[t])
+
+    def half_tick_up(rec: np.ndarray) -> np.ndarray:
+        r = rec.copy()
+        late = r["ts_recv"] > tau
+        for f in _price_fields(r):
+            px = r[f][late]
+            r[f][late] = np.where(px != UNDEF_PRICE, px + TICK_UNITS // 2, px)
+        return r
+
+    book = [market.book[0], rewrite_dbn(market.book[1], tmp_path / "mbp10.dbn.zst", half_tick_up)]
+    with pytest.raises(FxDataError, match=r"off the 0\.25 tick grid"):
+        run_chain(market.trades[:2], book, tmp_path / "work")
 
 
 # --- 2. partition equivalence ----------------------------------------------------------------
@@ -531,16 +559,18 @@ def test_bar_volume_is_the_active_contracts_traded_volume(market: Market, qi: in
     got = np.bincount(b_idx, weights=b.volume)
     assert np.array_equal(s_ids, b_ids), "sessions with active trades != sessions with bars"
     assert np.array_equal(want, got), "bar volume per session != traded volume per session"
-    assert np.all(np.bincount(b_idx) > 0)
     # No bar spans a session break or a roll.
     assert np.array_equal(session_day(b.ts_open), b.session_id)
     assert np.array_equal(session_day(b.ts_close), b.session_id)
     act_b, known_b = o.calendar.active_instrument(b.session_id)
     assert known_b.all() and np.array_equal(act_b, b.instrument_id)
-    # Each session's (and so each contract's) last bar is closed there; with no later trade
-    # in the session, it is a forced close.
+    # Sessions are contiguous runs of bars; a bar is forced closed only as the last one of its
+    # session (where it meets the break), every other bar holds >= V contracts.
     last_of_session = np.r_[b.session_id[1:] != b.session_id[:-1], True]
     assert int(last_of_session.sum()) == len(s_ids)
+    assert not (b.forced_close & ~last_of_session).any()
+    assert np.all(b.volume[~b.forced_close] >= DEFAULT.bars.volume_bar_size)
+    assert int(b.forced_close.sum()) >= len(s_ids) // 2
     assert np.all(b.ts_open <= b.ts_close) and np.all(np.diff(b.ts_close) >= 0)
 
 

@@ -82,6 +82,14 @@ class OfiConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    tick_size: float = Field(
+        0.25,
+        gt=0,
+        description="Minimum price increment of the contract, in index points (0.25 for ES and NQ); "
+        "the unit of the *_ticks features. A contract property, not inferred from the data (inferring "
+        "it from a quarter would let later records change earlier bars); book prices off this grid "
+        "are an error.",
+    )
     levels: int = Field(
         10,
         ge=5,

@@ -165,19 +165,6 @@ def quarter_bar_features(
 # --- book -----------------------------------------------------------------------------------
 
 
-def infer_tick_size(px: npt.NDArray[np.int64], sample: int = 200_000) -> float:
-    """Tick of a contract from its prices (1e-9 units): the gcd of the defined prices' gaps."""
-    p = px[:sample]
-    p = p[(p != UNDEF_PRICE) & (p > 0)]
-    if p.size < 2:
-        raise FxDataError("cannot infer the tick size: fewer than two defined prices")
-    gaps = np.abs(np.diff(np.unique(p)))
-    g = int(np.gcd.reduce(gaps)) if gaps.size else 0
-    if g <= 0:
-        raise FxDataError("cannot infer the tick size: all prices equal")
-    return g * 1e-9
-
-
 @dataclass(frozen=True)
 class BookSource:
     """A quarter's MBP-10 sidecar and the calendar selecting its active contract."""
@@ -186,7 +173,11 @@ class BookSource:
     calendar: RollCalendar
 
 
-def _book_rows(src: BookSource, cols: dict[str, np.ndarray], lo: int, hi: int) -> ofi_core.BookArrays:
+def _book_rows(
+    src: BookSource, cols: dict[str, np.ndarray], lo: int, hi: int, tick_units: int = 0
+) -> ofi_core.BookArrays:
+    """Active-contract book rows ``[lo, hi)`` as float matrices; with ``tick_units`` > 0, a
+    defined price off the tick grid raises (naming file, column and record)."""
     ts = cols["ts_recv"][lo:hi]
     sess = session_day(ts)
     keep = np.flatnonzero(active_mask(sess, cols["instrument_id"][lo:hi], src.calendar)) + lo
@@ -195,6 +186,15 @@ def _book_rows(src: BookSource, cols: dict[str, np.ndarray], lo: int, hi: int) -
         out = np.empty((keep.size, N_LEVELS), dtype=np.float64)
         for i in range(N_LEVELS):
             c = cols[f"{prefix}_{i:02d}"][keep]
+            if price and tick_units > 0:
+                bad = np.flatnonzero((c != UNDEF_PRICE) & (c % tick_units != 0))
+                if bad.size:
+                    r = int(keep[bad[0]])
+                    raise FxDataError(
+                        f"{src.path}: {prefix}_{i:02d} = {int(c[bad[0]]) * 1e-9!r} at record {r} "
+                        f"(ts_recv {int(cols['ts_recv'][r])}) is off the {tick_units * 1e-9:g} tick grid "
+                        "(OfiConfig.tick_size)"
+                    )
             out[:, i] = px_to_float(c) if price else c
         return out
 
@@ -297,7 +297,8 @@ def quarter_ofi(
     book_cols = sidecar_columns(book.path, _BOOK_COLUMNS)
     if book_cols["ts_recv"].size == 0:
         raise FxDataError(f"OFI {partition}: the MBP-10 sidecar {book.path} holds no book records")
-    tick = infer_tick_size(book_cols["bid_px_00"])
+    tick = config.tick_size
+    tick_units = round(tick * 1e9)
     sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
@@ -354,7 +355,7 @@ def quarter_ofi(
             lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
             hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
             if hi > lo:
-                parts.append(_book_rows(src, c, lo, hi))
+                parts.append(_book_rows(src, c, lo, hi, tick_units))
         book_arr = _concat_book(parts) if parts else _book_rows(book, book_cols, 0, 0)
         tl = int(np.searchsorted(t_ts, lo_t, side="right"))
         th = int(np.searchsorted(t_ts, hi_t, side="right"))
