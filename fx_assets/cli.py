@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:
         return 130
