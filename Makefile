@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)
 # Demo market: small enough to finish in a few minutes on 2 cores.
 DEMO_ENV := FX_DATA_ROOT=$(CURDIR)/data FX_SYMBOLS=ES.FUT FX_FIRST_QUARTER=2024-Q1 FX_LAST_QUARTER=2024-Q4
 
-.PHONY: install demo test test-all ui bench lint typecheck validate clean
+.PHONY: install demo test test-slow test-all ui bench lint typecheck validate clean
 
 install: $(VENV)/.installed
 
@@ -29,9 +29,13 @@ demo: install
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# Everything, slow tests included (GPU tests skip without CUDA).
+# Tests marked slow (end-to-end honesty on a larger synthetic market).
+test-slow: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not gpu and not postgres and not browser"
+
+# Everything that runs on a CPU machine.
 test-all: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not gpu and not browser"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not gpu and not postgres and not browser"
 
 ui: install
 	$(DEMO_ENV) $(VENV)/bin/dagster dev -w workspace.yaml

@@ -137,6 +137,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- export -------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """fxcache -> Parquet or Arrow IPC, for people who want to look with other tools."""
+    from fx_assets.core.fxcache import open_fxcache
+    from fx_assets.core.stages import write_table
+
+    src, out = Path(args.path), Path(args.out)
+    cache = open_fxcache(src)
+    if out.suffix == ".parquet":
+        cache.export_parquet(out)
+    elif out.suffix in (".arrow", ".feather", ".ipc"):
+        write_table(out, cache.to_arrow())
+    else:
+        raise ValueError(f"{out}: choose a .parquet or .arrow output")
+    console.print(f"wrote {cache.n_bars:,} bars x {len(cache.columns)} columns to {out}", soft_wrap=True)
+    return 0
+
+
 # --- demo -----------------------------------------------------------------------------------
 
 
@@ -170,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("export", help="convert an fxcache to Parquet or Arrow IPC")
+    p.add_argument("path", help="the .fxcache file")
+    p.add_argument("out", help="output file: .parquet or .arrow")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("demo", help="synthesise a small market and materialize every asset")
     p.add_argument("--scale", type=float, default=DEMO_SCALE)

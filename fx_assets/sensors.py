@@ -52,7 +52,9 @@ def make_sensors(
             first, first_ident = items[0]  # earliest quarter first: the next one warms up from it
             seen[first] = first_ident
             requests.append(dg.RunRequest(partition_key=first, run_key=f"{first}:{first_ident}"))
-            context.log.info(f"{symbol}: requesting build_features for {first} ({len(items) - 1} more pending)")
+            context.log.info(
+                f"{symbol}: requesting build_features for {first} ({len(items) - 1} more pending)"
+            )
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(seen, sort_keys=True))
 
     sensors = [raw_data_sensor]

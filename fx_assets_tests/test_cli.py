@@ -64,3 +64,19 @@ def test_inspect_rejects_other_files(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["inspect", str(bad)]) == 2
     assert "notes.txt" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing.dbn.zst")]) == 2
+
+
+def test_export_fxcache(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    fx = write_fxcache(
+        tmp_path / "x.fxcache",
+        np.arange(4, dtype=np.int64),
+        {"feature": (["a"], np.arange(4.0).reshape(4, 1)), "price": (["close"], np.full((4, 1), 5000.0))},
+        "f64",
+        b"k" * 32,
+    )
+    assert main(["export", str(fx), str(tmp_path / "x.parquet")]) == 0
+    t = pq.read_table(tmp_path / "x.parquet")
+    assert t.num_rows == 4 and t.column("a").to_pylist() == [0.0, 1.0, 2.0, 3.0]
+    assert main(["export", str(fx), str(tmp_path / "x.csv")]) == 2

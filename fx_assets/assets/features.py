@@ -106,6 +106,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
                 f"{part.label}: bar volume {table.volume.sum()} != traded volume {trades.size.sum()}"
             )
         target = pipeline.bars_target_per_session
+        if target is None and io.cfg.bars.kind in ("tick_imbalance", "volume_imbalance") and len(sessions):
+            # Imbalance bars aim at about T_init ticks per bar: warn when the density drifts far.
+            target = max(int(len(trades) / len(sessions) / io.cfg.bars.imbalance_expected_ticks_init), 1)
         warning = check_bar_density(table, target) if target else None
         if warning:
             context.log.warning(f"{part.label}: {warning}")
@@ -142,6 +145,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             rolls_respected=", ".join(rolls) or "none",
             volume_conserved=conserved,
             density_warning=warning or "",
+            target_bars_per_session=target or 0,
             seconds=round(seconds, 3),
             kind=io.cfg.bars.kind,
         )

@@ -22,17 +22,32 @@ Layout on the device, per quarter
   so a bf16 source must pass its prices separately (``prices=``) or the upload is refused.
 - Timestamps stay on the host (int64 ns): only fold boundaries and session ids need them.
 
+Fast path from fxcache files
+----------------------------
+:meth:`DeviceStore.add_fxcache` / :meth:`DeviceStore.add_fxcaches` read the value block of
+fxcache files straight into a pool of pinned chunk buffers with several threads
+(``os.preadv``: the copy out of the page cache runs outside the GIL), and copy each filled
+buffer to the device on a dedicated CUDA stream while the threads fill the next ones. A buffer
+is refilled only after the event of its last copy has completed, so host memory is bounded by
+the pool (``io_threads * 2`` buffers of ``staging_bytes``) whatever the file size. The value
+checks of ``open_fxcache`` (finite values) and of the prices (finite, positive) run on the
+device and are read back with one host sync per call.
+
 With no CUDA device the same code runs on the CPU (no pinning, synchronous copies).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -40,6 +55,7 @@ import numpy.typing as npt
 import torch
 
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import FxCache, open_fxcache
 
 DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap")
 CLOSE_COLUMN = "close"
@@ -116,6 +132,48 @@ class _Quarter:
 
 
 @dataclass
+class _FileSpec:
+    """One fxcache file on its way to the device (fast path)."""
+
+    key: str
+    path: Path
+    fc: FxCache
+    offset: int  # byte offset of the value block
+    n: int
+    w: int
+    src: str  # fxcache dtype: f32 | bf16 | f64
+    rowbytes: int
+    ts: npt.NDArray[np.int64]
+    cols: tuple[str, ...]
+    pcols: tuple[str, ...]
+    price_idx: list[int]
+    prices_host: npt.NDArray[np.float64] | None
+    dest: torch.Tensor
+    prices_dev: torch.Tensor | None = None
+
+
+_WIRE_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": torch.float64}
+
+
+def _direct(src: str, store_dtype: torch.dtype) -> bool:
+    """Whether the file's bytes can land in the destination as they are."""
+    return _WIRE_DTYPE[src] == store_dtype
+
+
+def _decode_wire(raw: torch.Tensor, src: str, rows: int, w: int) -> torch.Tensor:
+    """View raw little-endian bytes of ``rows`` fxcache rows as their stored dtype ``[rows, w]``."""
+    return raw.view(_WIRE_DTYPE[src]).view(rows, w)
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@dataclass
 class StoreStats:
     """Counters of the store: how often and how much crossed the host→device bus."""
 
@@ -128,6 +186,11 @@ class StoreStats:
     device_copy_bytes: int = 0
     pinned_staging: bool = False
     chunks: int = 0
+    # fxcache fast path: seconds the copy stream spent in host→device copies (CUDA events),
+    # and the bytes those copies moved (value blocks only)
+    h2d_seconds: float = 0.0
+    h2d_bytes: int = 0
+    staging_pool_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +203,9 @@ class StoreStats:
             "device_copy_bytes": self.device_copy_bytes,
             "pinned_staging": self.pinned_staging,
             "chunks": self.chunks,
+            "h2d_seconds": self.h2d_seconds,
+            "h2d_bytes": self.h2d_bytes,
+            "staging_pool_bytes": self.staging_pool_bytes,
         }
 
 
@@ -158,11 +224,14 @@ class DeviceStore:
         value_dtype: ValueDtype = "float32",
         chunk_rows: int = 1 << 16,
         max_views: int = 2,
+        *,
+        staging_bytes: int = 8 << 20,
+        io_threads: int | None = None,
     ) -> None:
         if value_dtype not in _TORCH_VALUE_DTYPE:
             raise FxDataError(f"DeviceStore: value_dtype must be float32 or bfloat16, got {value_dtype!r}")
-        if chunk_rows <= 0 or max_views <= 0:
-            raise FxDataError("DeviceStore: chunk_rows and max_views must be positive")
+        if chunk_rows <= 0 or max_views <= 0 or staging_bytes <= 0:
+            raise FxDataError("DeviceStore: chunk_rows, max_views and staging_bytes must be positive")
         self._device = torch.device(device) if device is not None else default_device()
         self._value_dtype = _TORCH_VALUE_DTYPE[value_dtype]
         self._chunk_rows = int(chunk_rows)
@@ -170,6 +239,10 @@ class DeviceStore:
         self._quarters: dict[str, _Quarter] = {}
         self._views: OrderedDict[tuple[str, ...], DeviceSlice] = OrderedDict()
         self._stats = StoreStats()
+        self._staging_bytes = int(staging_bytes)
+        self._io_threads = int(io_threads) if io_threads else max(1, min(8, os.cpu_count() or 1))
+        self._pool: list[torch.Tensor] = []  # pinned chunk buffers of the fxcache fast path
+        self._copy_stream: Any = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -326,6 +399,252 @@ class DeviceStore:
         st.upload_seconds += elapsed
         st.pinned_staging = st.pinned_staging or (cuda and bool(bufs[0].is_pinned()))
         st.chunks += n_chunks
+
+    # ------------------------------------------------------------------ fxcache fast path
+    def add_fxcache(
+        self,
+        key: str,
+        path: Path | str,
+        *,
+        price_columns: Sequence[str] | None = None,
+        prices: npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        """Upload one fxcache file's value block once (threaded reads into pinned chunks).
+
+        Same result as ``add_quarter(key, fc.ts, fc.values, fc.column_names, ...)`` on
+        ``fc = open_fxcache(path)``, but the value block never passes through a memmap: it is
+        read with ``os.preadv`` into pinned buffers and copied on a separate CUDA stream.
+        ``price_columns`` defaults to the file's ``price`` group; a bf16 file needs ``prices``.
+        """
+        self.add_fxcaches([(key, path)], price_columns=price_columns, prices=[prices])
+
+    def add_fxcaches(
+        self,
+        items: Sequence[tuple[str, Path | str]],
+        *,
+        price_columns: Sequence[str] | None = None,
+        prices: Sequence[npt.NDArray[np.float64] | None] | None = None,
+    ) -> None:
+        """Upload several fxcache files (``(key, path)`` pairs) through one read/copy pipeline.
+
+        The files' structure and timestamps are validated by ``open_fxcache`` (its finite scan
+        is replaced by a device-side check); values, prices and timestamps then follow the rules
+        of :meth:`add_quarter`. Nothing is registered unless every file passes.
+        """
+        if not items:
+            return
+        given = list(prices) if prices is not None else [None] * len(items)
+        if len(given) != len(items):
+            raise FxDataError(f"add_fxcaches: {len(given)} price arrays for {len(items)} files")
+        keys = [k for k, _ in items]
+        dup = [k for k in keys if keys.count(k) > 1 or k in self._quarters]
+        if dup:
+            raise FxDataError(f"DeviceStore: quarter {dup[0]!r} is already resident or repeated")
+        t0 = time.perf_counter()
+        specs = [
+            self._open_spec(k, Path(p), price_columns, px) for (k, p), px in zip(items, given, strict=True)
+        ]
+        try:
+            self._stream_specs(specs)
+            self._finish_specs(specs)
+        finally:
+            for sp in specs:
+                sp.fc.close()
+        elapsed = time.perf_counter() - t0
+        st = self._stats
+        for sp in specs:
+            assert sp.prices_dev is not None
+            self._quarters[sp.key] = _Quarter(sp.key, sp.dest, sp.prices_dev, sp.ts, sp.cols, sp.pcols)
+            st.uploads += 1
+            st.uploads_by_key[sp.key] = st.uploads_by_key.get(sp.key, 0) + 1
+            st.bytes_uploaded += sp.n * sp.rowbytes + (
+                sp.prices_host.nbytes if sp.prices_host is not None else 0
+            )
+        st.upload_seconds += elapsed
+
+    def _open_spec(
+        self,
+        key: str,
+        path: Path,
+        price_columns: Sequence[str] | None,
+        prices: npt.NDArray[np.float64] | None,
+    ) -> _FileSpec:
+        fc = open_fxcache(path, verify_finite=False)  # the finite scan runs on the device instead
+        try:
+            h = fc.header
+            n, w = int(h.n_bars), int(h.row_width)
+            if n == 0:
+                raise FxDataError(f"{key} ({path}): empty quarter")
+            cols = tuple(fc.column_names)
+            pcols = tuple(price_columns) if price_columns is not None else tuple(fc.group_names("price"))
+            if CLOSE_COLUMN not in pcols:
+                raise FxDataError(f"{key} ({path}): no {CLOSE_COLUMN!r} price column (price columns {pcols})")
+            if prices is None:
+                if fc.dtype == "bf16":
+                    raise FxDataError(
+                        f"{key} ({path}): bf16 values cannot carry prices exactly; pass prices= for {pcols}"
+                    )
+                missing = [c for c in pcols if c not in cols]
+                if missing:
+                    raise FxDataError(f"{key} ({path}): price columns {missing} not in columns")
+                price_idx = [cols.index(c) for c in pcols]
+                prices_host = None
+            else:
+                prices_host = np.ascontiguousarray(prices, dtype=np.float64)
+                if prices_host.shape != (n, len(pcols)):
+                    raise FxDataError(
+                        f"{key} ({path}): prices shape {prices_host.shape}, want {(n, len(pcols))}"
+                    )
+                price_idx = []
+            ts = np.array(fc.ts, dtype=np.int64)  # open_fxcache checked the order
+            dest = torch.empty((n, w), dtype=self._value_dtype, device=self._device)
+            return _FileSpec(
+                key=key,
+                path=path,
+                fc=fc,
+                offset=int(h.values_offset),
+                n=n,
+                w=w,
+                src=fc.dtype,
+                rowbytes=w * int(h.itemsize),
+                ts=ts,
+                cols=cols,
+                pcols=pcols,
+                price_idx=price_idx,
+                prices_host=prices_host,
+                dest=dest,
+            )
+        except BaseException:
+            fc.close()
+            raise
+
+    def _staging_pool(self, n_buf: int, nbytes: int) -> list[torch.Tensor]:
+        """Pinned (on CUDA) chunk buffers, allocated once per store and reused across calls."""
+        if len(self._pool) < n_buf or self._pool[0].numel() < nbytes:
+            pin = self._device.type == "cuda"
+            self._pool = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(n_buf)]
+            self._stats.staging_pool_bytes = n_buf * nbytes
+            self._stats.pinned_staging = self._stats.pinned_staging or (pin and self._pool[0].is_pinned())
+        return self._pool[:n_buf]
+
+    def _stream_specs(self, specs: list[_FileSpec]) -> None:
+        """Read every value block chunk by chunk (threads) and copy it to its device destination."""
+        cuda = self._device.type == "cuda"
+        max_row = max(sp.rowbytes for sp in specs)
+        chunk_bytes = max(self._staging_bytes // max_row, 1) * max_row
+        chunks: list[tuple[_FileSpec, int, int]] = []
+        for sp in specs:
+            rows = max(1, chunk_bytes // sp.rowbytes)
+            chunks += [(sp, i, min(i + rows, sp.n)) for i in range(0, sp.n, rows)]
+        n_threads = min(self._io_threads, len(chunks))
+        n_buf = min(2 * n_threads, len(chunks))
+        bufs = self._staging_pool(n_buf, chunk_bytes)
+        host_views = [b.numpy() for b in bufs]
+        done: list[Any] = [None] * n_buf  # event of the last copy out of each buffer
+        fds: dict[Path, int] = {}
+        lock = threading.Lock()
+        if cuda and self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=self._device)
+        stream = self._copy_stream
+        # a device scratch for blocks stored in another dtype than the store's (widened there)
+        need_scratch = any(not _direct(sp.src, self._value_dtype) for sp in specs)
+        scratch = torch.empty(chunk_bytes, dtype=torch.uint8, device=self._device) if need_scratch else None
+
+        def fd_of(path: Path) -> int:
+            with lock:
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
+                return fds[path]
+
+        def read(ci: int, b: int) -> int:
+            sp, i, j = chunks[ci]
+            ev = done[b]
+            if ev is not None:
+                ev.synchronize()  # the device has finished reading this buffer
+            nbytes = (j - i) * sp.rowbytes
+            mv = host_views[b].data[:nbytes]
+            fd, off, got = fd_of(sp.path), sp.offset + i * sp.rowbytes, 0
+            while got < nbytes:
+                k = os.preadv(fd, [mv[got:]], off + got)
+                if k <= 0:
+                    raise FxDataError(f"{sp.key} ({sp.path}): value block truncated at byte {off + got}")
+                got += k
+            return nbytes
+
+        timings: list[tuple[Any, Any, int]] = []
+        try:
+            with ThreadPoolExecutor(max_workers=n_threads) as ex:
+                futs = {ci: ex.submit(read, ci, ci % n_buf) for ci in range(n_buf)}
+                for ci, (sp, i, j) in enumerate(chunks):
+                    b = ci % n_buf
+                    nbytes = futs.pop(ci).result()
+                    src = bufs[b][:nbytes]
+                    with torch.cuda.stream(stream) if cuda else _nullctx():
+                        ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
+                        if ev0 is not None:
+                            ev0.record(stream)
+                        if _direct(sp.src, self._value_dtype):
+                            sp.dest.view(-1).view(torch.uint8)[i * sp.rowbytes : j * sp.rowbytes].copy_(
+                                src, non_blocking=cuda
+                            )
+                            ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
+                            if ev1 is not None:
+                                ev1.record(stream)
+                        else:
+                            assert scratch is not None
+                            sc = scratch[:nbytes]
+                            sc.copy_(src, non_blocking=cuda)
+                            ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
+                            if ev1 is not None:
+                                ev1.record(stream)
+                            sp.dest[i:j].copy_(_decode_wire(sc, sp.src, j - i, sp.w))
+                        if ev1 is not None:
+                            timings.append((ev0, ev1, nbytes))
+                    done[b] = ev1
+                    nxt = ci + n_buf
+                    if nxt < len(chunks):
+                        futs[nxt] = ex.submit(read, nxt, b)
+            if cuda:
+                torch.cuda.current_stream(self._device).wait_stream(stream)
+                stream.synchronize()  # the pinned pool may be refilled by the next call
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        st = self._stats
+        st.chunks += len(chunks)
+        for ev0, ev1, nbytes in timings:
+            st.h2d_seconds += ev0.elapsed_time(ev1) / 1e3
+            st.h2d_bytes += nbytes
+
+    def _finish_specs(self, specs: list[_FileSpec]) -> None:
+        """Prices on the device, then the value/price checks with one host sync for all files."""
+        flags = []
+        for sp in specs:
+            if sp.prices_host is None and sp.src == "f32" and self._value_dtype == torch.float32:
+                # the resident f32 values widen exactly to float64: take the prices on the device
+                idx = torch.tensor(sp.price_idx, dtype=torch.long, device=self._device)
+                sp.prices_dev = sp.dest.index_select(1, idx).to(torch.float64)
+            else:
+                if sp.prices_host is None:  # the store narrows the values: prices from the file
+                    sp.prices_host = np.ascontiguousarray(sp.fc.values[:, sp.price_idx], dtype=np.float64)
+                sp.prices_dev = torch.from_numpy(sp.prices_host).to(self._device)
+            p = sp.prices_dev
+            flags.append(((~torch.isfinite(p)) | (p <= 0.0)).any())
+            flags.append((~torch.isfinite(sp.dest.sum(dim=0))).any())  # NaN/Inf anywhere
+        bad = torch.stack(flags).cpu().numpy()  # the one host sync
+        for k, sp in enumerate(specs):
+            if bad[2 * k]:
+                px = sp.prices_dev
+                assert px is not None
+                r, c = torch.nonzero((~torch.isfinite(px)) | (px <= 0))[0].tolist()
+                raise FxDataError(
+                    f"{sp.key} ({sp.path}): price column {sp.pcols[c]!r} not finite/positive at bar {r}"
+                )
+            if bad[2 * k + 1]:
+                hit = torch.nonzero(~torch.isfinite(sp.dest[:, : len(sp.cols)]))
+                if hit.numel():  # (a finite block whose f32 column sum overflowed is fine)
+                    r, c = hit[0].tolist()
+                    raise FxDataError(f"{sp.key} ({sp.path}): column {sp.cols[c]!r} is NaN/Inf at bar {r}")
 
     def drop_quarter(self, key: str) -> None:
         """Free a quarter (and any cached view that contains it)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -473,29 +472,6 @@ def test_config_is_frozen_and_checked() -> None:
         BarConfig(imbalance_ticks_min_factor=5.0, imbalance_ticks_max_factor=4.0)
     with pytest.raises(ValueError):
         BarConfig(volume_bar_size=0)
-
-
-@pytest.mark.slow
-def test_volume_bar_throughput() -> None:
-    n = 20_000_000
-    rng = np.random.default_rng(0)
-    ts = np.cumsum(rng.integers(0, 1000, n)).astype(np.int64)
-    price = 5000 + 0.25 * np.cumsum(rng.integers(-1, 2, n))
-    size = rng.integers(1, 10, n).astype(np.uint32)
-    sign = rng.choice(np.array([-1, 1], np.int8), n)
-    sign[rng.random(n) < 0.01] = 0
-    session = (np.arange(n) // 2_000_000).astype(np.int32) + 19000
-    inst = np.full(n, 7, np.uint32)
-    cfg = BarConfig()
-    build_bars(ts[:100], price[:100], size[:100], sign[:100], session[:100], inst[:100], cfg)
-    best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        bars = build_bars(ts, price, size, sign, session, inst, cfg)
-        best = max(best, n / (time.perf_counter() - t0))
-    assert bars.volume.sum() == size.sum()
-    print(f"volume bars: {best / 1e6:.0f} M trades/s")
-    assert best > 100e6
 
 
 def test_capacity_retry_on_many_breaks() -> None:

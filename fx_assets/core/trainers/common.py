@@ -197,9 +197,28 @@ class FoldData:
 
 # ---------------------------------------------------------------------------- labels
 def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1-bar forward return, blended target) on the device via core.labels (torch path)."""
-    r1 = labels.forward_log_return_torch(close, 1, entry_lag=lag)
-    blended, _valid = labels.blended_target_torch(close, tuple(horizons), entry_lag=lag)
+    """(1-bar forward return, blended target), the formulas of ``core.labels`` without its syncs.
+
+    ``labels.*_torch`` check the close column with a host sync each; here that check is one of
+    the deferred checks of :func:`fold_transition`. The arithmetic is the same op for op (the
+    blended target accumulates ``y^(h) / sqrt(h)`` in ``horizons`` order from zero, then divides
+    by the count), so the results are bitwise those of ``core.labels``.
+    """
+    hs = tuple(int(h) for h in horizons)
+    labels.max_horizon(hs, lag)  # validates horizons and lag (no device work)
+    logc = torch.log(close)
+    n = logc.shape[0]
+    r1 = torch.full_like(logc, float("nan"))
+    m1 = n - lag - 1
+    if m1 > 0:
+        r1[:m1] = logc[lag + 1 :] - logc[lag : lag + m1]
+    blended = torch.full_like(logc, float("nan"))
+    m = n - lag - max(hs)  # rows where every horizon is defined
+    if m > 0:
+        acc = torch.zeros(m, dtype=logc.dtype, device=logc.device)
+        for h in hs:
+            acc = acc + (logc[lag + h : lag + h + m] - logc[lag : lag + m]) / math.sqrt(h)
+        blended[:m] = acc / len(hs)
     return r1, blended
 
 
@@ -260,7 +279,11 @@ def fold_transition(
     n_tr = te - ts0
     v0 = vs - ts0
 
-    block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
+    # No host sync until the checks below: every step is a device op queued behind the last.
+    block = store_slice.values[ts0:ve].index_select(1, col_idx)
+    if block.dtype != torch.float32:
+        block = block.to(torch.float32)
+    # float64 statistics of the training rows (one Welford reduction over the widened block)
     var, mean = torch.var_mean(block[:n_tr].to(torch.float64), dim=0, correction=0)
     std = var.sqrt()
     std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
@@ -277,20 +300,28 @@ def fold_transition(
     target = blended if cfg.target == "blended" else r1
 
     # One host sync for all checks. A NaN/Inf input makes its column's mean/var (training rows)
-    # or sum (validation rows) non-finite, which is far cheaper than an elementwise isfinite.
+    # or sum (validation rows) non-finite, which is far cheaper than an elementwise isfinite; a
+    # validation sum that merely overflows float32 is sorted out by the slow path.
     checks = torch.stack(
         [
             (~(torch.isfinite(mean) & torch.isfinite(var))).sum(),
-            (~torch.isfinite(block[v0:].sum(dim=0, dtype=torch.float64))).sum(),
+            (~torch.isfinite(block[v0:].sum(dim=0))).sum(),
             (~torch.isfinite(target[:n_tr])).sum(),
             (~torch.isfinite(r1[:n_tr])).sum(),
+            (~(torch.isfinite(close) & (close > 0))).sum(),
         ]
     ).tolist()
+    if checks[4]:
+        j = int(torch.nonzero(~(torch.isfinite(close) & (close > 0)))[0, 0])
+        raise FxDataError(
+            f"{where}: close must be finite and > 0; slice row {ts0 + j} has {float(close[j])!r}"
+        )
     if checks[0] or checks[1]:  # slow path, only to name the first bad value
         bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
         bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
-        r, c = int(bad[0, 0]), int(bad[0, 1])
-        raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
+        if bad.shape[0]:
+            r, c = int(bad[0, 0]), int(bad[0, 1])
+            raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
     if (checks[2] or checks[3]) and segments is None:
         raise FxDataError(f"{where}: {max(checks[2], checks[3])} training labels undefined (purge/prices)")
 
@@ -396,11 +427,20 @@ def seeded(seed: int, deterministic: bool = True) -> Iterator[None]:
         torch.backends.cudnn.benchmark = prev_bench
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; the fused kernel on CUDA (one launch per step instead of one per tensor group)."""
+def make_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, capturable: bool = False
+) -> torch.optim.Optimizer:
+    """AdamW; the fused kernel on CUDA (one launch per step instead of one per tensor group).
+
+    ``capturable`` keeps the step count on the device, so the step can live in a CUDA graph.
+    """
     fused = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None
+        model.parameters(),
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        fused=fused or None,
+        capturable=capturable and fused,
     )
 
 
