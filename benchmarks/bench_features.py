@@ -1,0 +1,597 @@
+"""Feature benchmark (issue "Bars, bar features and OFI"): sidecars -> bars, bar_features, ofi.
+
+Runs the per-quarter stage drivers of ``fx_assets.core.stages`` the way the assets do
+(roll calendar, active trades, bars, bar features warmed up from the previous quarter's bars,
+OFI warmed up from the previous quarter, each output written as an Arrow file), each
+measurement in a fresh process so that its peak memory is its own:
+
+- ``pipeline``: the last quarter (2024-Q1, ``--scale 1``) of data roots holding 1, 3 and 9
+  quarters, sidecars warm; once more with the quarter's sidecars removed (cold, from
+  ``.dbn.zst``). Wall time per stage, total, peak memory.
+- ``ofi_heavy``: ``quarter_ofi`` on a book-heavy quarter (``book_ratio`` 2.5, ~47 M MBP-10
+  records): book updates/s and peak memory.
+- ``bars_core``: ``build_bars`` (volume bars) on ~20 M in-memory trades, pinned to one core.
+- ``compile``: numba compile time: the pipeline on a tiny market in a fresh process with
+  ``NUMBA_CACHE_DIR`` set to an empty directory, then again in a second process (cache warm).
+
+Usage: ``python -m benchmarks.bench_features`` (all) or ``... SUBCOMMAND ARGS`` (one
+measurement, JSON on stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_decode import MIN_FREE_GB_HEAVY, sidecar_dir
+from benchmarks.common import (
+    DATA,
+    HEAVY_MARKET,
+    LAST_QUARTER,
+    MAIN_MARKET,
+    TINY_MARKET,
+    MemorySampler,
+    _status_kib,
+    command_line,
+    ensure_market,
+    free_disk_gb,
+    in_subprocess,
+    load_average,
+    raw_file,
+    target,
+    write_result,
+)
+
+MODULE = "benchmarks.bench_features"
+GB_MIB = 1e9 / 2**20  # targets are in GB (1e9 bytes); memory is measured in MiB
+
+
+def _prev_label(label: str) -> str:
+    from fx_assets.core.calendar import parse_quarter, previous_quarter, quarter_label
+
+    return quarter_label(previous_quarter(parse_quarter(label)))
+
+
+class Layout:
+    """A data root (raw files) plus where its sidecars and stage files go."""
+
+    def __init__(self, root: Path, sidecar_root: Path, stage_dir: Path) -> None:
+        self.root, self.sidecar_root, self.stage_dir = Path(root), Path(sidecar_root), Path(stage_dir)
+
+    def args(self) -> list[str]:
+        return [str(self.root), str(self.sidecar_root), str(self.stage_dir)]
+
+    def raw(self, schema: str, q: str) -> Path:
+        return raw_file(self.root, schema, q)
+
+    def has(self, q: str) -> bool:
+        return self.raw("trades", q).is_file() and self.raw("mbp-10", q).is_file()
+
+    def sidecar(self, schema: str, q: str) -> Any:
+        from fx_assets.core.sidecar import ensure_sidecar
+
+        return ensure_sidecar(self.raw(schema, q), sidecar_dir(self.sidecar_root, schema))
+
+    def stage(self, name: str, q: str) -> Path:
+        return self.stage_dir / f"{name}_{q}.arrow"
+
+
+# --- single measurements (run in a fresh process) -------------------------------------------
+
+
+def _prepare(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
+    """Untimed set-up: the previous quarter's sidecars, roll calendar and bars files (what the
+    assets of that quarter would have left), and the quarter's own sidecars."""
+    from fx_assets.core.bar_features import max_window
+    from fx_assets.core.bars import BarConfig
+    from fx_assets.core.stages import active_trades, quarter_bars, quarter_roll_calendar, write_table
+
+    lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
+    lay.stage_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for schema in ("trades", "mbp-10"):
+        lay.sidecar(schema, quarter)
+    prev = _prev_label(quarter)
+    done = []
+    if lay.has(prev):
+        pp = _prev_label(prev)
+        pp_tr = lay.sidecar("trades", pp).path if lay.has(pp) else None
+        tr = lay.sidecar("trades", prev).path
+        lay.sidecar("mbp-10", prev)
+        cal = quarter_roll_calendar(tr, pp_tr)
+        write_table(lay.stage("roll_calendar", prev), cal.to_arrow())
+        bars = quarter_bars(active_trades(tr, cal), BarConfig())
+        if len(bars) < max_window():
+            raise RuntimeError(f"{prev}: {len(bars)} bars, fewer than the warm-up needs")
+        write_table(lay.stage("bars", prev), bars.to_arrow())
+        done.append(prev)
+    return {"prepared": done, "seconds": time.perf_counter() - t0}
+
+
+def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
+    """The quarter's stages, timed one by one, in this (fresh) process."""
+    t_imp = time.perf_counter()
+    from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.bar_features import BarFeatureConfig, validate_features
+    from fx_assets.core.bars import BarConfig, BarTable
+    from fx_assets.core.stages import (
+        BookSource,
+        active_trades,
+        quarter_bar_features,
+        quarter_bars,
+        quarter_ofi,
+        quarter_roll_calendar,
+        read_table,
+        roll_calendar_from_table,
+        write_table,
+    )
+
+    import_s = time.perf_counter() - t_imp
+    lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
+    lay.stage_dir.mkdir(parents=True, exist_ok=True)
+    prev = _prev_label(quarter)
+    has_prev = lay.has(prev)
+    stages: dict[str, float] = {}
+    counts: dict[str, Any] = {}
+    anon_after: dict[str, float] = {}
+    peak_by: dict[str, float] = {}
+    mem = MemorySampler()
+
+    def lap(name: str, t: float) -> float:
+        now = time.perf_counter()
+        stages[name] = round(now - t, 4)
+        anon_after[name] = round(_status_kib("RssAnon") / 1024, 1)
+        peak_by[name] = round(mem.peak_anon_mib, 1)  # running peak (5 ms sampling)
+        return now
+
+    with mem:
+        t_all = t = time.perf_counter()
+        # ingest: sidecars (reused if fresh: header hash + stat; rebuilt from .dbn.zst if absent)
+        tr = lay.sidecar("trades", quarter)
+        bk = lay.sidecar("mbp-10", quarter)
+        prev_tr = lay.sidecar("trades", prev) if has_prev else None
+        prev_bk = lay.sidecar("mbp-10", prev) if has_prev else None
+        counts["sidecars_rebuilt"] = [i.schema for i in (tr, bk) if i.rebuilt]
+        t = lap("sidecars", t)
+        cal = quarter_roll_calendar(tr.path, prev_tr.path if prev_tr else None)
+        write_table(lay.stage("roll_calendar", quarter), cal.to_arrow())
+        t = lap("roll_calendar", t)
+        trades = active_trades(tr.path, cal)
+        t = lap("active_trades", t)
+        bars = quarter_bars(trades, BarConfig())
+        t = lap("bars", t)
+        write_table(lay.stage("bars", quarter), bars.to_arrow())
+        t = lap("bars_write", t)
+        previous = []
+        prev_bars = None
+        if has_prev:
+            path = lay.stage("bars", prev)
+            prev_bars = BarTable.from_arrow(read_table(path), str(path))
+            previous = [prev_bars]
+        feats = quarter_bar_features(bars, previous, BarFeatureConfig())
+        validate_features(feats, quarter)
+        t = lap("bar_features", t)
+        write_table(lay.stage("bar_features", quarter), feats.to_arrow())
+        t = lap("bar_features_write", t)
+        kw: dict[str, Any] = {}
+        if has_prev and prev_tr is not None and prev_bk is not None:
+            prev_cal = roll_calendar_from_table(read_table(lay.stage("roll_calendar", prev)))
+            kw = {
+                "prev_bars": prev_bars,
+                "prev_trades": active_trades(prev_tr.path, prev_cal),
+                "prev_book": BookSource(prev_bk.path, prev_cal),
+            }
+        t = lap("ofi_prev_quarter_inputs", t)
+        ofi = quarter_ofi(
+            bars, trades, BookSource(bk.path, cal), ofi_core.OfiConfig(), partition=quarter, **kw
+        )
+        ofi_core.validate_ofi(ofi, quarter)
+        t = lap("ofi", t)
+        write_table(lay.stage("ofi_features", quarter), ofi.to_arrow())
+        t = lap("ofi_write", t)
+        total = t - t_all
+    counts.update(
+        trades_in_file=trades.n_source,
+        active_trades=len(trades),
+        bars=len(bars),
+        book_records=bk.n_records,
+        warmed_up_from=prev if has_prev else None,
+        bar_features=len(feats.columns),
+        ofi_features=len(ofi.columns),
+    )
+    return {
+        "seconds": round(total, 3),
+        "stages": stages,
+        "import_seconds": round(import_s, 3),
+        "counts": counts,
+        "peak_anon_mib": round(mem.peak_anon_mib, 1),
+        "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
+        "anon_mib_after_stage": anon_after,
+        "running_peak_anon_mib_after_stage": peak_by,
+    }
+
+
+def _diagnose(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
+    """Where the feature time goes (1-quarter root, no warm-up, OFI on one worker):
+    ``session_day`` on the quarter's trades, and ``quarter_ofi`` with its two numba passes
+    timed, under the default config and with each per-bar window of the bar pass shrunk."""
+    import numpy as np
+
+    from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.bars import BarConfig
+    from fx_assets.core.calendar import session_day
+    from fx_assets.core.sidecar import sidecar_columns
+    from fx_assets.core.stages import (
+        BookSource,
+        active_trades,
+        quarter_bars,
+        quarter_ofi,
+        quarter_roll_calendar,
+    )
+
+    lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
+    tr = lay.sidecar("trades", quarter)
+    bk = lay.sidecar("mbp-10", quarter)
+    ts = np.array(sidecar_columns(tr.path, ["ts_recv"])["ts_recv"])
+    t0 = time.perf_counter()
+    session_day(ts)
+    sd = time.perf_counter() - t0
+    cal = quarter_roll_calendar(tr.path, None)
+    trades = active_trades(tr.path, cal)
+    bars = quarter_bars(trades, BarConfig())
+    acc: dict[str, float] = {}
+    orig = {name: getattr(ofi_core, name) for name in ("_bar_pass_nb", "_event_pass_nb")}
+
+    def timed(name: str) -> Any:
+        def call(*a: Any) -> None:
+            t = time.perf_counter()
+            orig[name](*a)
+            acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
+
+        return call
+
+    for name in orig:
+        setattr(ofi_core, name, timed(name))
+    variants: dict[str, dict[str, Any]] = {
+        "default": {},
+        "vpin_buckets=1": {"vpin_buckets": 1},
+        "kyle_window=3": {"kyle_window": 3, "kyle_min_bars": 3},
+        "hawkes_bars=1": {"hawkes_bars": 1},
+        "trade_imbalance_windows=[1]": {"trade_imbalance_windows": [1]},
+        "all_windows_small": {
+            "vpin_buckets": 1,
+            "kyle_window": 3,
+            "kyle_min_bars": 3,
+            "hawkes_bars": 1,
+            "trade_imbalance_windows": [1],
+        },
+    }
+    book = BookSource(bk.path, cal)
+    quarter_ofi(bars, trades, book, ofi_core.OfiConfig(n_workers=1))  # page in the sidecar
+    out: dict[str, Any] = {}
+    for name, kw in variants.items():
+        acc.clear()
+        t = time.perf_counter()
+        quarter_ofi(bars, trades, book, ofi_core.OfiConfig(n_workers=1, **kw))
+        total = time.perf_counter() - t
+        out[name] = {
+            "quarter_ofi_s": round(total, 3),
+            "bar_pass_s": round(acc.get("_bar_pass_nb", 0.0), 3),
+            "event_pass_s": round(acc.get("_event_pass_nb", 0.0), 3),
+            "outside_kernels_s": round(total - sum(acc.values()), 3),
+        }
+    for name, fn in orig.items():
+        setattr(ofi_core, name, fn)
+    return {
+        "n_trades_in_file": int(ts.shape[0]),
+        "session_day_seconds_on_trades": round(sd, 3),
+        "bars": len(bars),
+        "book_records": bk.n_records,
+        "quarter_ofi_one_worker": out,
+    }
+
+
+def _ofi_heavy(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
+    """``quarter_ofi`` of a book-heavy quarter (bars and roll calendar from ``_prepare``)."""
+    import numpy as np
+
+    from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.bars import BarConfig
+    from fx_assets.core.sidecar import sidecar_columns
+    from fx_assets.core.stages import (
+        BookSource,
+        active_trades,
+        quarter_bars,
+        quarter_ofi,
+        quarter_roll_calendar,
+    )
+
+    lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
+    with MemorySampler() as mem:
+        t0 = time.perf_counter()
+        tr = lay.sidecar("trades", quarter)
+        bk = lay.sidecar("mbp-10", quarter)
+        cal = quarter_roll_calendar(tr.path, None)
+        trades = active_trades(tr.path, cal)
+        bars = quarter_bars(trades, BarConfig())
+        t1 = time.perf_counter()
+        anon_before = mem.peak_anon_mib
+        ofi = quarter_ofi(bars, trades, BookSource(bk.path, cal), ofi_core.OfiConfig(), partition=quarter)
+        t2 = time.perf_counter()
+        ofi_core.validate_ofi(ofi, quarter)
+    iid = sidecar_columns(bk.path, ["instrument_id"])["instrument_id"]
+    active_ids = np.unique(cal.instrument_id)
+    n_active = int(np.isin(iid, active_ids).sum())  # upper bound: active in some session
+    return {
+        "seconds": round(t2 - t1, 3),
+        "inputs_seconds": round(t1 - t0, 3),
+        "book_records": bk.n_records,
+        "book_records_of_active_contracts": n_active,
+        "book_updates_per_s": round(bk.n_records / (t2 - t1)),
+        "bars": len(bars),
+        "peak_anon_mib_before_ofi": round(anon_before, 1),
+        "peak_anon_mib": round(mem.peak_anon_mib, 1),
+        "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
+        "rss_file_mib_at_end": round(_status_kib("RssFile") / 1024, 1),
+    }
+
+
+def _bars_core(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
+    """``build_bars`` (volume bars) on the quarter's active trades, in memory, on one core."""
+    cpu = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    import numpy as np
+
+    from fx_assets.core import bars as bars_mod
+    from fx_assets.core.bars import BarConfig, build_bars
+    from fx_assets.core.stages import active_trades, quarter_roll_calendar
+
+    lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
+    tr = lay.sidecar("trades", quarter)
+    t = active_trades(tr.path, quarter_roll_calendar(tr.path, None))
+    cols = [
+        np.ascontiguousarray(a).copy() for a in (t.ts, t.price, t.size, t.sign, t.session, t.instrument_id)
+    ]
+    ts, px, sz, sg, ss, ii = cols
+    cfg = BarConfig()
+    k = 10_000
+    build_bars(ts[:k], px[:k], sz[:k], sg[:k], ss[:k], ii[:k], cfg)  # load the cached kernel untimed
+    times = []
+    n_bars = 0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        b = build_bars(ts, px, sz, sg, ss, ii, cfg)
+        times.append(time.perf_counter() - t0)
+        n_bars = len(b)
+    # where the time goes: input checks / conversions vs the numba kernel
+    t0 = time.perf_counter()
+    checked = bars_mod._check_inputs(*cols)
+    check_s = time.perf_counter() - t0
+    n = len(cols[0])
+    return {
+        "cpu": cpu,
+        "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),
+        "n_trades": n,
+        "n_bars": n_bars,
+        "seconds_runs": [round(x, 4) for x in times],
+        "seconds": round(min(times), 4),
+        "seconds_median": round(sorted(times)[len(times) // 2], 4),
+        "trades_per_s": round(n / min(times)),
+        "check_inputs_seconds": round(check_s, 4),
+        "input_dtypes": [str(c.dtype) for c in cols],
+        "checked_dtypes": [str(c.dtype) for c in checked],
+    }
+
+
+# --- orchestration ---------------------------------------------------------------------------
+
+
+def _view_root(main_root: Path, k: int) -> Path:
+    """A data root holding the last ``k`` quarters of the main market (symlinks: quarters are
+    generated independently, so this is exactly what generating only those quarters gives)."""
+    from benchmarks.common import QUARTERS_9
+
+    root = DATA / "roots" / f"q{k}"
+    if root.exists():
+        shutil.rmtree(root)
+    for q in QUARTERS_9[-k:]:
+        for schema in ("trades", "mbp-10"):
+            link = raw_file(root, schema, q)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(raw_file(main_root, schema, q))
+    return root
+
+
+def _log(msg: str) -> None:
+    print(f"[features] {msg}", file=sys.stderr, flush=True)
+
+
+def run() -> dict[str, Any]:
+    """All feature measurements; writes benchmarks/results/bench_features.json."""
+    from fx_assets.core.sidecar import sidecar_path
+
+    load_before = load_average()
+    t_start = time.perf_counter()
+    main_root = ensure_market(*MAIN_MARKET)
+    q = LAST_QUARTER
+    figures: dict[str, Any] = {"pipeline_warm": {}, "pipeline_cold": {}}
+
+    # 1, 3, 9 quarters; sidecars are shared (keyed by the resolved source path)
+    layouts = {}
+    for k in (1, 3, 9):
+        root = _view_root(main_root, k)
+        layouts[k] = Layout(root, main_root, root / "stages")
+        _log(f"prepare {k}-quarter root")
+        in_subprocess(MODULE, "prepare", *layouts[k].args(), q)
+    for k in (1, 3, 9, 3):
+        _log(f"pipeline, {k}-quarter root, warm sidecars")
+        r = in_subprocess(MODULE, "pipeline", *layouts[k].args(), q)
+        key = f"{k}_quarters" if f"{k}_quarters" not in figures["pipeline_warm"] else f"{k}_quarters_repeat"
+        figures["pipeline_warm"][key] = r
+    # cold: this quarter's sidecars removed (the previous quarter's were built when it was processed)
+    for schema in ("trades", "mbp-10"):
+        sidecar_path(raw_file(main_root, schema, q), sidecar_dir(main_root, schema)).unlink(missing_ok=True)
+    _log("pipeline, 3-quarter root, cold (sidecars of the quarter removed)")
+    figures["pipeline_cold"]["3_quarters"] = in_subprocess(MODULE, "pipeline", *layouts[3].args(), q)
+
+    _log("diagnostics: session_day and quarter_ofi by kernel (one worker)")
+    figures["diagnostics"] = in_subprocess(MODULE, "diagnose", *layouts[1].args(), q)
+
+    _log("build_bars on one core")
+    figures["bars_core"] = in_subprocess(
+        MODULE, "bars_core", *layouts[1].args(), q, env={"NUMBA_NUM_THREADS": "1"}
+    )
+
+    # numba compile: tiny market, empty cache then warm cache
+    tiny = ensure_market(*TINY_MARKET)
+    tiny_lay = Layout(tiny, tiny, tiny / "stages")
+    in_subprocess(MODULE, "prepare", *tiny_lay.args(), q)
+    cache = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=DATA))
+    try:
+        _log(f"numba compile: empty NUMBA_CACHE_DIR {cache}")
+        first = in_subprocess(MODULE, "pipeline", *tiny_lay.args(), q, env={"NUMBA_CACHE_DIR": str(cache)})
+        _log("numba compile: warm cache")
+        second = in_subprocess(MODULE, "pipeline", *tiny_lay.args(), q, env={"NUMBA_CACHE_DIR": str(cache)})
+        n_cache_files = sum(1 for _ in cache.rglob("*.nbi"))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    figures["numba_compile"] = {
+        "market": TINY_MARKET[1],
+        "empty_cache": first,
+        "warm_cache": second,
+        "compile_seconds": round(first["seconds"] - second["seconds"], 3),
+        "compile_seconds_by_stage": {
+            s: round(first["stages"][s] - second["stages"][s], 3) for s in first["stages"]
+        },
+        "cache_index_files": n_cache_files,
+    }
+
+    # book-heavy quarter through quarter_ofi
+    heavy_root = ensure_market(*HEAVY_MARKET)
+    heavy_lay = Layout(heavy_root, heavy_root, heavy_root / "stages")
+    heavy_sc = sidecar_path(raw_file(heavy_root, "mbp-10", q), sidecar_dir(heavy_root, "mbp-10"))
+    free = free_disk_gb(heavy_root)
+    heavy_skip = None
+    if not heavy_sc.exists() and free < MIN_FREE_GB_HEAVY:
+        heavy_skip = f"skipped: book-heavy sidecar absent and {free:.1f} GB free < {MIN_FREE_GB_HEAVY} GB"
+        _log(heavy_skip)
+        figures["ofi_book_heavy"] = {"skipped": heavy_skip}
+    else:
+        _log("book-heavy quarter: sidecars (reused if bench_decode left them)")
+        in_subprocess(MODULE, "prepare", *heavy_lay.args(), q)
+        _log("book-heavy quarter: quarter_ofi")
+        figures["ofi_book_heavy"] = in_subprocess(MODULE, "ofi_heavy", *heavy_lay.args(), q)
+
+    warm = figures["pipeline_warm"]
+    targets = []
+    for key, r in warm.items():
+        targets.append(
+            target(f"warm pipeline ({key.replace('_', ' ')} root): total wall", r["seconds"], "<", 3, "s")
+        )
+    for key, r in warm.items():
+        targets.append(
+            target(
+                f"warm pipeline ({key.replace('_', ' ')} root): peak anon memory",
+                r["peak_anon_mib"],
+                "<",
+                round(3 * GB_MIB),
+                "MiB",
+                f"VmHWM (incl. mapped sidecar pages) {r['peak_rss_mib']} MiB",
+            )
+        )
+    targets.append(
+        target(
+            "warm pipeline: peak anon independent of the number of quarters (9-quarter root <= 3-quarter root + 5%)",
+            warm["9_quarters"]["peak_anon_mib"],
+            "<=",
+            round(1.05 * warm["3_quarters"]["peak_anon_mib"], 1),
+            "MiB",
+            "1 / 3 / 9 quarters: "
+            + " / ".join(str(warm[f"{k}_quarters"]["peak_anon_mib"]) for k in (1, 3, 9))
+            + " MiB anon; VmHWM "
+            + " / ".join(str(warm[f"{k}_quarters"]["peak_rss_mib"]) for k in (1, 3, 9))
+            + " MiB",
+        )
+    )
+    cold = figures["pipeline_cold"]["3_quarters"]
+    targets.append(
+        target("cold pipeline (sidecars of the quarter rebuilt): total wall", cold["seconds"], "<", 10, "s")
+    )
+    heavy = figures["ofi_book_heavy"]
+    if "skipped" in heavy:
+        targets.append(
+            target("book-heavy quarter_ofi: book updates/s", None, ">=", 2e6, "/s", heavy_skip or "")
+        )
+    else:
+        targets.append(
+            target("book-heavy quarter_ofi: book updates/s", heavy["book_updates_per_s"], ">=", 2e6, "/s")
+        )
+        targets.append(
+            target(
+                "book-heavy quarter_ofi: peak anon memory",
+                heavy["peak_anon_mib"],
+                "<",
+                round(4 * GB_MIB),
+                "MiB",
+                f"VmHWM (incl. mapped sidecar pages) {heavy['peak_rss_mib']} MiB",
+            )
+        )
+        targets.append(
+            target("book-heavy quarter_ofi: VmHWM", heavy["peak_rss_mib"], "<", round(4 * GB_MIB), "MiB")
+        )
+    bc = figures["bars_core"]
+    targets.append(target("build_bars (volume) on one core", bc["trades_per_s"], ">=", 150e6, "trades/s"))
+    payload = {
+        "command": command_line(),
+        "config": {
+            "main_market": MAIN_MARKET[1],
+            "heavy_market": HEAVY_MARKET[1],
+            "quarter": q,
+            "stage_configs": "BarConfig(), BarFeatureConfig(), OfiConfig() defaults (volume bars of 100 contracts)",
+            "book_chunk": "stages.DEFAULT_BOOK_CHUNK (2,000,000 book events)",
+            "sidecar_chunk_bytes": "sidecar.DEFAULT_CHUNK_BYTES (1 MiB)",
+            "roots": "1, 3, 9 quarter roots are symlinks to the last quarters of the 9-quarter market; "
+            "sidecars shared; the previous quarter's roll calendar and bars are written by an untimed "
+            "prepare step, as the assets of that quarter would have",
+            "pipeline": "one process: ensure_sidecar x4, quarter_roll_calendar + write, active_trades, "
+            "quarter_bars + write, quarter_bar_features + validate + write, previous quarter's calendar "
+            "and active trades, quarter_ofi + validate + write (the active trades are loaded once, "
+            "the ofi_features asset loads them again)",
+        },
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "wall_seconds": round(time.perf_counter() - t_start, 1),
+        "figures": figures,
+        "targets": targets,
+    }
+    write_result("bench_features", payload)
+    return payload
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        out = run()
+        for t in out["targets"]:
+            print(
+                f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
+            )
+        return
+    cmd, *args = argv
+    fn = {
+        "prepare": _prepare,
+        "pipeline": _pipeline,
+        "ofi_heavy": _ofi_heavy,
+        "bars_core": _bars_core,
+        "diagnose": _diagnose,
+    }[cmd]
+    print(json.dumps(fn(*args)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
