@@ -22,7 +22,7 @@ from fx_assets.core import lineage
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.sidecar import SidecarInfo, ensure_sidecar
+from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
 from fx_assets.partitions import QuarterSymbol
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -62,13 +62,7 @@ class StageIO:
 
     def sidecar(self, schema: str, quarter: dt.date | None = None) -> SidecarInfo:
         q = quarter or self.part.quarter
-        src = self.raw(schema, q)
-        if not src.is_file():
-            raise dg.Failure(
-                f"{quarter_label(q)}|{self.part.symbol}: raw {schema} file {src} does not exist",
-                metadata={"expected_path": dg.MetadataValue.path(str(src))},
-            )
-        return ensure_sidecar(src, self.layout.sidecar_dir(schema, self.part.symbol))
+        return require_sidecar(self.storage, schema, QuarterSymbol(q, self.part.symbol))
 
     # keyed stage files -------------------------------------------------------------------
     def key(self, stage: str, quarter: dt.date | None = None) -> str:
@@ -98,6 +92,31 @@ class StageIO:
                 f"config ({p.name}); materialize {stage}[{quarter_label(q)}|{self.part.symbol}] first"
             )
         return p
+
+
+def require_sidecar(
+    storage: FxStorage,
+    schema: str,
+    part: QuarterSymbol,
+    *,
+    rebuild: bool = False,
+    chunk_bytes: int | None = None,
+) -> SidecarInfo:
+    """The fresh sidecar of a partition's raw file, decoded now if missing or stale (a second
+    consumer in the same run reuses it). Fails naming the partition and path if the raw file is
+    absent."""
+    src = storage.raw_file(schema, part.symbol, part.quarter)
+    if not src.is_file():
+        raise dg.Failure(
+            f"{part.label}: raw {schema} file {src} does not exist",
+            metadata={"expected_path": dg.MetadataValue.path(str(src))},
+        )
+    return ensure_sidecar(
+        src,
+        storage.layout.sidecar_dir(schema, part.symbol),
+        rebuild=rebuild,
+        chunk_bytes=DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+    )
 
 
 def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:

@@ -13,13 +13,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from fx_assets.assets.common import StageIO, cached_result, keyed_result
+from fx_assets.assets.common import StageIO, cached_result, keyed_result, require_sidecar
 from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
 from fx_assets.core.calendar import previous_quarter, quarter_label, session_label
 from fx_assets.core.stages import write_table
-from fx_assets.partitions import QuarterSymbol, context_partition, previous_quarter_mapping
+from fx_assets.partitions import context_partition, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
@@ -31,32 +31,7 @@ class DecodeConfig(dg.Config):
 
     rebuild: bool = Field(False, description="Decode again even if a fresh sidecar exists.")
     chunk_mib: int = Field(
-        64, ge=1, le=4096, description="Decompressed bytes per decoding chunk (MiB); bounds peak memory."
-    )
-
-
-def load_sidecar(
-    storage: FxStorage,
-    schema: str,
-    part: QuarterSymbol,
-    *,
-    rebuild: bool = False,
-    chunk_mib: int = 64,
-    log=None,
-) -> sidecar_core.SidecarInfo:
-    """The fresh sidecar of one raw file (decoded now if missing or stale). Raises if the raw
-    file is absent, naming it."""
-    source = storage.raw_file(schema, part.symbol, part.quarter)
-    if not source.is_file():
-        raise dg.Failure(
-            f"{part.label}: raw {schema} file {source} does not exist",
-            metadata={"expected_path": dg.MetadataValue.path(str(source))},
-        )
-    return sidecar_core.ensure_sidecar(
-        source,
-        storage.layout.sidecar_dir(schema, part.symbol),
-        rebuild=rebuild,
-        chunk_bytes=chunk_mib << 20,
+        8, ge=1, le=4096, description="Decompressed bytes per decoding chunk (MiB); bounds peak memory."
     )
 
 
@@ -80,7 +55,9 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
     ) -> dg.MaterializeResult:
         part = context_partition(context)
         t0 = time.perf_counter()
-        info = load_sidecar(storage, schema, part, rebuild=config.rebuild, chunk_mib=config.chunk_mib)
+        info = require_sidecar(
+            storage, schema, part, rebuild=config.rebuild, chunk_bytes=config.chunk_mib << 20
+        )
         seconds = time.perf_counter() - t0
         action = "reused" if info.reused else "decoded"
         context.log.info(f"{part.label}: {action} {info.n_records:,} {schema} records in {seconds:.2f}s")
@@ -162,4 +139,4 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
     return predecoded_trades, predecoded_mbp10, roll_calendar
 
 
-__all__ = ["DecodeConfig", "load_sidecar", "make_ingest_assets"]
+__all__ = ["DecodeConfig", "make_ingest_assets"]

@@ -5,20 +5,22 @@ Observing reports one data version per (quarter, symbol) partition from the file
 downstream of it as unsynced.
 """
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
 import dagster as dg
 
+from fx_assets.core.cachekey import SourceIdentity, canonical_json
 from fx_assets.partitions import parse_partition_key
 from fx_assets.resources.storage import FxStorage
 
 
 def file_identity(path: Path) -> str:
-    """A short, stable version string of a file: hash of its resolved path, size and mtime_ns."""
-    st = path.stat()
-    text = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    """A short, stable version string of a file: the hash of the same identity the cache keys
+    use (resolved path, size, mtime_ns, hash of the first 64 KiB)."""
+    ident = SourceIdentity.from_path(path)
+    return hashlib.sha256(canonical_json(dataclasses.asdict(ident)).encode()).hexdigest()[:20]
 
 
 def _make_raw_asset(name: str, schema: str, description: str, partitions_def: dg.PartitionsDefinition):
