@@ -79,6 +79,32 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- decode -------------------------------------------------------------------------------
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    """Decode a DBN file into its predecoded sidecar (reused when fresh unless --rebuild)."""
+    from fx_assets.core.sidecar import ensure_sidecar
+
+    src = Path(args.path)
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: no such file")
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        task = progress.add_task(f"decode {src.name}", total=max(src.stat().st_size, 1))
+        info = ensure_sidecar(
+            src,
+            Path(args.out),
+            rebuild=args.rebuild,
+            chunk_bytes=args.chunk_mib << 20,
+            progress=lambda done, total: progress.update(task, completed=done, total=max(total, 1)),
+        )
+    seconds = time.perf_counter() - t0
+    action = "reused" if info.reused else "decoded"
+    console.print(f"{action} {info.n_records:,} records -> {info.path} in {seconds:.2f}s", soft_wrap=True)
+    return 0
+
+
 # --- inspect --------------------------------------------------------------------------------
 
 
@@ -185,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--null", action="store_true", help="plant no signal (the default)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("decode", help="decode a DBN file into its memory-mappable Arrow sidecar")
+    p.add_argument("path", help="a .dbn or .dbn.zst file (trades, mbp-1, tbbo or mbp-10)")
+    p.add_argument("--out", required=True, help="sidecar directory")
+    p.add_argument("--rebuild", action="store_true", help="decode again even if the sidecar is fresh")
+    p.add_argument("--chunk-mib", type=int, default=8, help="decompressed MiB per chunk (bounds memory)")
+    p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("inspect", help="describe a DBN file, a sidecar (.arrow) or an fxcache")
     p.add_argument("path")

@@ -80,3 +80,18 @@ def test_export_fxcache(tmp_path: Path) -> None:
     t = pq.read_table(tmp_path / "x.parquet")
     assert t.num_rows == 4 and t.column("a").to_pylist() == [0.0, 1.0, 2.0, 3.0]
     assert main(["export", str(fx), str(tmp_path / "x.csv")]) == 2
+
+
+def test_decode_reuses_and_rebuilds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dbn_fixtures: Path
+) -> None:
+    src = (
+        dbn_fixtures
+        / "nautilus_trader/historical_bars_catalog/futures_trades_2024-07-01T23-58_2024-07-02T00-02.dbn.zst"
+    )
+    assert main(["decode", str(src), "--out", str(tmp_path)]) == 0
+    assert "decoded 120 records" in capsys.readouterr().err
+    assert main(["decode", str(src), "--out", str(tmp_path)]) == 0
+    assert "reused 120 records" in capsys.readouterr().err
+    assert main(["decode", str(src), "--out", str(tmp_path), "--rebuild"]) == 0
+    assert "decoded 120 records" in capsys.readouterr().err
