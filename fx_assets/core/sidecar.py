@@ -6,17 +6,29 @@ column set per schema, the ``fx.*`` schema metadata that identifies the source, 
 self-invalidation rule (a sidecar is reused only if the source path, size, mtime_ns, header
 hash and the format version all still match — otherwise it is rebuilt, never trusted).
 
-How a sidecar is built with memory bounded by the chunk size, not the file size:
+How a sidecar is built — each column written once, straight into its place in the file, with
+memory bounded by the chunk size, not the file size:
 
 1. A decompression thread streams record chunks (``dbn.iter_record_chunks``; zstd releases
-   the GIL) into a small queue; the calling thread splits each chunk into columns and appends
-   each column to its own anonymous spill file (O_TMPFILE) on the destination's filesystem.
-2. With N known, pyarrow serialises the IPC file for an N-row batch whose column buffers
-   point into a read-only anonymous mmap (zero pages, never touched). A sink keeps the few KB
-   of metadata pyarrow writes and records where each column body goes (``_ipc_image``).
-3. The metadata is written and the bodies are filled from the spill files with
-   ``os.copy_file_range`` (a kernel-side copy; no user memory); the file is re-opened and
-   checked, then moved into place atomically.
+   the GIL) into a small queue; the calling thread splits them into columns in staging arrays
+   and a writer thread ``pwrite``s full staging sets, so up to three things overlap.
+2. At the first write-out N is estimated (uncompressed source: exact from its size; zstd: the
+   records per compressed byte so far times the file size, times ``_ESTIMATE_SLACK``) and each
+   column gets a page-aligned region with room for that many rows in the sidecar temp file,
+   after a reserved header region. Unwritten room stays a hole (never written, no disk space).
+3. With N known, pyarrow serialises the IPC file for an N-row batch whose buffers point into a
+   read-only anonymous zero mmap (never touched); a sink keeps the few KB of metadata
+   (``_ipc_image``). The record batch message's Buffer offsets and the body lengths (message
+   and footer Block) are rewritten in place to point at the regions (``_direct_image``; only
+   fixed-size flatbuffer fields change), the prefix goes to offset 0, EOS + footer right after
+   the last column. Gaps between buffers are unused body bytes: legal Arrow IPC, and the file
+   stays a valid IPC stream after the magic. The apparent file size therefore includes the
+   unused room of every region but the last (about ``_ESTIMATE_SLACK - 1`` of the data for a
+   zstd source; none for an uncompressed one); the allocated size does not.
+4. If the rows outgrow the estimate, the decode starts over on the spill path: one anonymous
+   spill file per column, then ``os.copy_file_range`` into pyarrow's own contiguous layout.
+5. Either way the file is re-opened with pyarrow and checked (one batch, N rows, schema,
+   alignment, sampled records in every column) before it is moved into place atomically.
 """
 
 from __future__ import annotations
@@ -30,9 +42,11 @@ import json
 import mmap
 import os
 import queue
+import struct
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,11 +188,10 @@ def sidecar_path(source: Path | str, sidecar_dir: Path | str) -> Path:
 # ----------------------------------------------------------------------------------------------
 # build
 #
-# Tried and dropped: appending each column in its own region of the sidecar itself (a sparse
-# file), rewriting the IPC buffer offsets to block boundaries and removing the gaps with
+# Tried and dropped: removing the unused room between the column regions with
 # fallocate(COLLAPSE_RANGE). On ext4 the collapse first writes the dirty range back to disk
-# and drops it from the page cache, so it cost as much as the kernel copy below (~0.08 s per
-# 190 MB) and left a cold cache for the first load.
+# and drops it from the page cache, so it cost as much as copying the data (~0.08 s per
+# 190 MB) and left a cold cache for the first load; the room is left as holes instead.
 
 
 class _ImageSink:
@@ -307,67 +320,328 @@ def _write_copied(path: Path, image: _Image, sources: list[tuple[int, int]]) -> 
         os.close(fd)
 
 
+# ---- Arrow IPC flatbuffer patching (direct layout) --------------------------------------------
+#
+# Only fixed-size fields are rewritten (struct vectors and scalar fields that are present),
+# so the flatbuffers keep their size and everything else pyarrow wrote stays byte-identical.
+# Message.fbs: Message{version, header_type, header, bodyLength, custom_metadata};
+# RecordBatch{length, nodes, buffers: [Buffer{offset: i64, length: i64}], compression, ...};
+# File.fbs: Footer{version, schema, dictionaries, recordBatches: [Block{offset: i64,
+# metaDataLength: i32, (pad), bodyLength: i64}], custom_metadata}.
+
+_RECORD_BATCH_HEADER = 3  # MessageHeader union tag of RecordBatch
+_CONTINUATION = 0xFFFFFFFF
+
+
+def _fb_field(b: bytes | bytearray | memoryview, table: int, index: int) -> int | None:
+    """Absolute position of field ``index`` of the flatbuffer table at ``table`` (None if absent)."""
+    vtable = table - struct.unpack_from("<i", b, table)[0]
+    vsize = struct.unpack_from("<H", b, vtable)[0]
+    if 4 + 2 * index >= vsize:
+        return None
+    off = struct.unpack_from("<H", b, vtable + 4 + 2 * index)[0]
+    return table + off if off else None
+
+
+def _fb_ref(b: bytes | bytearray | memoryview, pos: int) -> int:
+    """Follow the uoffset stored at ``pos``."""
+    return pos + struct.unpack_from("<I", b, pos)[0]
+
+
+def _fb_required(b: bytes | bytearray | memoryview, table: int, index: int, what: str) -> int:
+    pos = _fb_field(b, table, index)
+    if pos is None:
+        raise FxCacheError(f"pyarrow's IPC metadata has no {what}")
+    return pos
+
+
+class _Overflow(Exception):
+    """The decoded records do not fit the direct layout's estimated capacity."""
+
+
+@dataclass
+class _Direct:
+    """The IPC file for the final N with the bodies relocated: ``prefix`` at 0 (magic, schema
+    message, record batch message), the column regions where the decoder wrote them, ``tail``
+    (EOS + footer) right after the last region."""
+
+    prefix: bytes
+    tail: bytes
+    tail_pos: int
+    size: int
+
+
+def _image_bytes(image: _Image, lo: int, hi: int) -> bytearray:
+    """Bytes [lo, hi) of pyarrow's image; they must all be among the kept (non-body) writes."""
+    out = bytearray(hi - lo)
+    covered = 0
+    for pos, data in image.writes:
+        a, z = max(pos, lo), min(pos + len(data), hi)
+        if a < z:
+            out[a - lo : z - lo] = data[a - pos : z - pos]
+            covered += z - a
+    if covered != hi - lo:
+        raise FxCacheError(f"pyarrow's IPC image does not cover bytes [{lo}, {hi}) with metadata")
+    return out
+
+
+def _direct_image(
+    cols: list[tuple[str, pa.DataType]], n: int, schema: pa.Schema, bases: list[int]
+) -> _Direct:
+    """pyarrow's IPC file for N rows with each column's buffer moved to ``bases[i]``.
+
+    The prefix keeps pyarrow's positions, so the record batch body still starts where pyarrow
+    put it; the regions lie inside the (longer) body, and the bytes between them are unused
+    body space — legal in Arrow IPC (buffers are located by offset and length only).
+    """
+    image = _ipc_image(cols, n, schema)
+    sizes = [n * t.bit_width // 8 for _, t in cols]
+    flen = struct.unpack_from("<i", _image_bytes(image, image.size - 10, image.size - 6))[0]
+    footer = _image_bytes(image, image.size - 10 - flen, image.size - 10)
+    batches = _fb_ref(footer, _fb_required(footer, _fb_ref(footer, 0), 3, "Footer.recordBatches"))
+    if struct.unpack_from("<I", footer, batches)[0] != 1:
+        raise FxCacheError("pyarrow's IPC footer does not list exactly one record batch")
+    block = batches + 4
+    rb_off, meta_len, _, body_len = struct.unpack_from("<qiiq", footer, block)
+    body_start = rb_off + meta_len
+    if body_start > min(bases):  # cannot happen with _header_reserve's margin; the spill path copes
+        raise _Overflow(f"IPC metadata ({body_start} B) does not fit the reserved header region")
+    prefix = _image_bytes(image, 0, body_start)
+    cont, fb_len = struct.unpack_from("<Ii", prefix, rb_off)
+    if cont != _CONTINUATION or 8 + fb_len != meta_len:
+        raise FxCacheError("pyarrow's record batch message has an unexpected framing")
+    msg = memoryview(prefix)[rb_off + 8 : rb_off + 8 + fb_len]
+    root = _fb_ref(msg, 0)
+    header_type = _fb_required(msg, root, 1, "Message.header_type")
+    if msg[header_type] != _RECORD_BATCH_HEADER:
+        raise FxCacheError("pyarrow's second IPC message is not a record batch")
+    rb = _fb_ref(msg, _fb_required(msg, root, 2, "Message.header"))
+    if _fb_field(msg, rb, 3) is not None:
+        raise FxCacheError("pyarrow compressed the record batch body")
+    bufs = _fb_ref(msg, _fb_required(msg, rb, 2, "RecordBatch.buffers"))
+    n_bufs = struct.unpack_from("<I", msg, bufs)[0]
+    if n_bufs != 2 * len(cols):
+        raise FxCacheError(f"pyarrow wrote {n_bufs} buffers for {len(cols)} columns")
+    end = max(b + s for b, s in zip(bases, sizes, strict=True))
+    new_body_len = (end + 7) // 8 * 8 - body_start
+    for i, (base, size) in enumerate(zip(bases, sizes, strict=True)):
+        validity, data = bufs + 4 + 32 * i, bufs + 4 + 32 * i + 16
+        if (
+            struct.unpack_from("<q", msg, validity + 8)[0] != 0
+            or struct.unpack_from("<q", msg, data + 8)[0] != size
+        ):
+            raise FxCacheError(f"pyarrow's buffer list does not match column {cols[i][0]}")
+        struct.pack_into("<qq", msg, validity, base - body_start, 0)
+        struct.pack_into("<qq", msg, data, base - body_start, size)
+    struct.pack_into("<q", msg, _fb_required(msg, root, 3, "Message.bodyLength"), new_body_len)
+    del msg
+    tail = _image_bytes(image, body_start + body_len, image.size)
+    # the footer is the tail's end: patch its Block.bodyLength in place
+    struct.pack_into("<q", tail, len(tail) - 10 - flen + block + 16, new_body_len)
+    tail_pos = body_start + new_body_len
+    return _Direct(bytes(prefix), bytes(tail), tail_pos, tail_pos + len(tail))
+
+
+# ---- decoding into columns --------------------------------------------------------------------
+
 _STAGE_CHUNKS = 8  # staging arrays hold this many chunks' worth of records
+_REGION_ALIGN = 4096  # column regions start on page boundaries (mmap views stay aligned)
+# Capacity of the direct layout: the records decoded per compressed byte so far times the
+# compressed size, times this slack (+ _ESTIMATE_EXTRA rows). A file whose later part packs
+# more records per compressed byte than that overflows and is rebuilt through the spill path.
+_ESTIMATE_SLACK = 1.25
+_ESTIMATE_EXTRA = 65536
+
+
+def _round_up(x: int, align: int) -> int:
+    return -(-x // align) * align
 
 
 class _Columns:
-    """Column spill: one anonymous temp file per column (O_TMPFILE / unlinked at once, so
-    nothing to clean up even after a crash), on the destination's filesystem for
-    ``copy_file_range``.
+    """Splits record chunks into columns and writes each column to its own place: (fd, offset).
 
-    Records are gathered field by field into fixed staging arrays (``stage_bytes`` in all) that are
-    written out when full: one strided copy per field and few, large writes (mbp-10 has 73
-    columns; writing each 1 MiB chunk's columns separately was syscall-bound).
+    Records are gathered field by field into fixed staging arrays (``stage_bytes`` per set) that
+    are written out when full: one strided copy per field and few, large writes (mbp-10 has 73
+    columns; writing each 1 MiB chunk's columns separately was syscall-bound). There are two
+    staging sets: a writer thread ``pwrite``s one (releasing the GIL) while this thread fills
+    the other. Where the columns go is decided at the first write-out by ``place(self)`` —
+    after a few chunks, so that it can estimate N — which returns one (fd, offset) per column
+    and the row capacity (None: unbounded). Use as a context manager (stops the writer).
     """
 
-    def __init__(self, cols: list[tuple[str, pa.DataType]], directory: Path, stage_bytes: int) -> None:
+    def __init__(
+        self,
+        cols: list[tuple[str, pa.DataType]],
+        stage_bytes: int,
+        place: Callable[[_Columns], tuple[list[tuple[int, int]], int | None]],
+    ) -> None:
         self.names = [name for name, _ in cols]
         dtypes = [np.dtype(t.to_pandas_dtype()) for _, t in cols]
         self.capacity = max(1024, stage_bytes // sum(d.itemsize for d in dtypes))
-        self.stage = [np.empty(self.capacity, dtype=d) for d in dtypes]
+        self.sets = [[np.empty(self.capacity, dtype=d) for d in dtypes] for _ in range(2)]
+        self.pending: list[Future[None] | None] = [None, None]
+        self.current = 0
+        self.stage = self.sets[0]
         self.fill = 0
+        self.rows = 0  # rows handed to the writer
         self.written = [0] * len(cols)
-        self.files = [tempfile.TemporaryFile(dir=directory) for _ in cols]
+        self.place = place
+        self.targets: list[tuple[int, int]] | None = None
+        self.max_rows: int | None = None
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sidecar-write")
+        # for the estimate: records seen, and (records, compressed bytes) at the last moment the
+        # source position moved on — those records came from at most that many source bytes
+        self.n_in = 0
+        self.done = 0
+        self.sample = (0, 0)
+        self.final = False  # set before the last write-out: n_in is then the exact N
 
-    def add(self, records: np.ndarray) -> None:
-        done = 0
-        while done < len(records):
-            k = min(self.capacity - self.fill, len(records) - done)
-            part = records[done : done + k]
+    def __enter__(self) -> _Columns:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.shutdown(wait=True, cancel_futures=True)
+
+    def add(self, records: np.ndarray, done: int) -> None:
+        if done != self.done:
+            self.sample = (self.n_in, self.done)
+            self.done = done
+        self.n_in += len(records)
+        pos = 0
+        while pos < len(records):
+            k = min(self.capacity - self.fill, len(records) - pos)
+            part = records[pos : pos + k]
             for name, buf in zip(self.names, self.stage, strict=True):
                 np.copyto(buf[self.fill : self.fill + k], part[name], casting="no")
             self.fill += k
-            done += k
+            pos += k
             if self.fill == self.capacity:
                 self.flush()
 
-    def flush(self) -> None:
-        for i, buf in enumerate(self.stage):
-            data = buf[: self.fill]
-            _pwrite_all(self.files[i].fileno(), data.data.cast("B"), self.written[i])
-            self.written[i] += data.nbytes
-        self.fill = 0
+    @staticmethod
+    def _write(stage: list[np.ndarray], fill: int, where: list[tuple[int, int]]) -> None:
+        for buf, (fd, pos) in zip(stage, where, strict=True):
+            _pwrite_all(fd, buf[:fill].data.cast("B"), pos)
 
-    def sources(self) -> list[tuple[int, int]]:
-        return [(f.fileno(), 0) for f in self.files]
+    def flush(self) -> None:
+        """Hand the current staging set to the writer and switch to the other one."""
+        if not self.fill:
+            return
+        if self.targets is None:
+            self.targets, self.max_rows = self.place(self)
+        if self.max_rows is not None and self.rows + self.fill > self.max_rows:
+            raise _Overflow(f"{self.rows + self.fill} rows exceed the estimated {self.max_rows}")
+        where = []
+        for i, (buf, (fd, base)) in enumerate(zip(self.stage, self.targets, strict=True)):
+            where.append((fd, base + self.written[i]))
+            self.written[i] += self.fill * buf.itemsize
+        self.pending[self.current] = self.writer.submit(self._write, self.stage, self.fill, where)
+        self.rows += self.fill
+        self.fill = 0
+        self.current ^= 1
+        self.stage = self.sets[self.current]
+        self._wait(self.current)
+
+    def _wait(self, k: int) -> None:
+        job = self.pending[k]
+        self.pending[k] = None
+        if job is not None:
+            job.result()  # re-raises the writer's error (e.g. disk full)
+
+    def finish(self) -> None:
+        """Write out what is staged and wait until every write is done."""
+        self.final = True
+        self.flush()
+        self._wait(0)
+        self._wait(1)
+
+
+class _Spill:
+    """Placement of the spill path: one anonymous temp file per column (O_TMPFILE / unlinked at
+    once, so nothing to clean up even after a crash), on the destination's filesystem for
+    ``copy_file_range``."""
+
+    def __init__(self, n_cols: int, directory: Path) -> None:
+        self.n_cols = n_cols
+        self.directory = directory
+        self.files: list[Any] = []
+
+    def __call__(self, out: _Columns) -> tuple[list[tuple[int, int]], int | None]:
+        self.files = [tempfile.TemporaryFile(dir=self.directory) for _ in range(self.n_cols)]
+        return [(f.fileno(), 0) for f in self.files], None
 
     def close(self) -> None:
         for f in self.files:
             f.close()
 
 
+class _Layout:
+    """Placement of the direct path: column regions in the sidecar file itself, after a
+    reserved header region, each with room for the estimated N (unwritten room stays a hole)."""
+
+    def __init__(
+        self,
+        fd: int,
+        cols: list[tuple[str, pa.DataType]],
+        header: dbn.DbnHeader,
+        source_size: int,
+        header_reserve: int,
+    ) -> None:
+        self.fd = fd
+        self.itemsizes = [t.bit_width // 8 for _, t in cols]
+        self.header = header
+        self.source_size = source_size
+        self.header_reserve = header_reserve
+        self.bases: list[int] = []
+        self.n_est = 0
+
+    def estimate(self, out: _Columns) -> int:
+        if out.final:
+            return out.n_in
+        if not self.header.compressed:
+            rs = self.header.record_dtype().itemsize
+            return max(out.n_in, -(-(self.source_size - self.header.header_len) // rs))
+        n_s, d_s = out.sample if out.sample[1] else (out.n_in, out.done)
+        per_byte = n_s / max(d_s, 1)
+        rest = max(self.source_size - d_s, 0) * per_byte * _ESTIMATE_SLACK
+        return max(out.n_in, n_s + int(rest) + _ESTIMATE_EXTRA)
+
+    def __call__(self, out: _Columns) -> tuple[list[tuple[int, int]], int | None]:
+        self.n_est = self.estimate(out)
+        pos = self.header_reserve
+        for size in self.itemsizes:
+            self.bases.append(pos)
+            pos = _round_up(pos + self.n_est * size, _REGION_ALIGN)
+        return [(self.fd, b) for b in self.bases], self.n_est
+
+
+def _header_reserve(cols: list[tuple[str, pa.DataType]], schema: pa.Schema) -> int:
+    """Room for the IPC prefix (magic, schema message, record batch message) of any N: pyarrow's
+    prefix with a 20-digit fx.n_records, plus a page, rounded up to a page."""
+    meta = dict(schema.metadata or {})
+    meta[b"fx.n_records"] = b"9" * 20
+    image = _ipc_image(cols, 1, schema.with_metadata(meta))
+    return _round_up(image.holes[0][0] + _REGION_ALIGN, _REGION_ALIGN)
+
+
 _END = object()
+_MAX_SAMPLES = 64  # rows kept to check the written file against
+
+
+@dataclass
+class _Decoded:
+    n: int
+    samples: list[tuple[int, np.ndarray]]  # (row index, the record), first and last included
 
 
 def _decode_columns(
     source: Path,
     out: _Columns,
-    cols: list[tuple[str, pa.DataType]],
     chunk_bytes: int,
     progress: ProgressFn | None,
     total_bytes: int,
-) -> tuple[int, np.ndarray | None, np.ndarray | None]:
-    """Decode ``source`` column by column into ``out``; return (N, first record, last record).
+) -> _Decoded:
+    """Decode ``source`` column by column into ``out``; return N and a few sampled records.
 
     A decompression thread feeds a small queue (zstd releases the GIL); this thread splits the
     chunks into columns and writes them, so two cores work at once.
@@ -396,8 +670,9 @@ def _decode_columns(
     thread = threading.Thread(target=produce, name=f"dbn-decode:{source.name}", daemon=True)
     thread.start()
     n = 0
-    first: np.ndarray | None = None
-    last: np.ndarray | None = None
+    k = 0
+    samples: list[tuple[int, np.ndarray]] = []
+    last: tuple[int, np.ndarray] | None = None
     try:
         while True:
             item = q.get()
@@ -406,18 +681,23 @@ def _decode_columns(
             if isinstance(item, BaseException):
                 raise item
             arr, done = item
-            out.add(arr)
-            if first is None:
-                first = arr[:1].copy()
-            last = arr[-1:].copy()
+            out.add(arr, done)
+            if len(arr):
+                # the first record of chunks 0, 1, 2, 4, 8, ... and of the last chunk
+                if k & (k - 1) == 0 and len(samples) < _MAX_SAMPLES:
+                    samples.append((n, arr[:1].copy()))
+                last = (n + len(arr) - 1, arr[-1:].copy())
+                k += 1
             n += len(arr)
             if progress is not None:
                 progress(done, total_bytes)
     finally:
         stop.set()
         thread.join()
-    out.flush()
-    return n, first, last
+    out.finish()
+    if last is not None:
+        samples.append(last)
+    return _Decoded(n, samples)
 
 
 def _metadata(header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int) -> dict[bytes, bytes]:
@@ -436,8 +716,15 @@ def _metadata(header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: 
     return {k.encode(): v.encode() for k, v in meta.items()}
 
 
-def _verify(path: Path, schema: pa.Schema, n: int, first: np.ndarray | None, last: np.ndarray | None) -> None:
-    """Re-open the written file: one batch, N rows, schema, and the first/last records match."""
+def _verify(path: Path, schema: pa.Schema, decoded: _Decoded) -> None:
+    """Re-open the written file with pyarrow: one batch, N rows, the schema, aligned columns, and
+    the sampled records (first, last and some between) equal in every column.
+
+    The sampled values are read with ``pread`` at the places pyarrow located the buffers, not
+    through the mapping: a page fault there maps its whole fault-around window (~64 KiB per
+    column and sample), which would show up as resident memory.
+    """
+    n = decoded.n
     with pa.memory_map(str(path), "r") as src:
         reader = pa.ipc.open_file(src)
         if reader.num_record_batches != 1:
@@ -447,13 +734,108 @@ def _verify(path: Path, schema: pa.Schema, n: int, first: np.ndarray | None, las
             raise FxCacheError(
                 f"{path}: written batch has {batch.num_rows} rows / another schema, expected {n}"
             )
-        if n and first is not None and last is not None:
+        src.seek(0)
+        base = src.read_buffer(1).address  # the mapping's start: file offset 0
+        with open(path, "rb") as f:
             for name in schema.names:
                 col = batch.column(name)
-                if col.buffers()[1].address % 8:
+                if not n:
+                    continue
+                address = col.buffers()[1].address
+                if address % 8:
                     raise FxCacheError(f"{path}: column {name} is not 8-byte aligned")
-                if col[0].as_py() != int(first[name][0]) or col[n - 1].as_py() != int(last[name][0]):
-                    raise FxCacheError(f"{path}: column {name} does not match the decoded records")
+                dtype = np.dtype(col.type.to_pandas_dtype())
+                for i, rec in decoded.samples:
+                    pos = address - base + (col.offset + i) * dtype.itemsize
+                    value = np.frombuffer(os.pread(f.fileno(), dtype.itemsize, pos), dtype=dtype)
+                    if len(value) != 1 or value[0] != rec[name][0]:
+                        raise FxCacheError(f"{path}: column {name} row {i} does not match the decoded record")
+
+
+def _check_unchanged(source: Path, st0: os.stat_result) -> None:
+    st1 = os.stat(source)
+    if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+        raise FxDataError(f"{source}: the file changed while it was being decoded")
+
+
+def _write_empty(path: Path, cols: list[tuple[str, pa.DataType]], schema: pa.Schema) -> None:
+    # one (empty) batch, as for any other sidecar; write_table would write none
+    empty = pa.record_batch([pa.array([], type=t) for _, t in cols], schema=schema)
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, schema, options=_IPC_OPTIONS) as w:
+        w.write_batch(empty)
+
+
+def _build_direct(
+    source: Path,
+    dest: Path,
+    header: dbn.DbnHeader,
+    st0: os.stat_result,
+    chunk_bytes: int,
+    progress: ProgressFn | None,
+) -> int:
+    """Decode each column once, straight into its region of the sidecar; return N.
+
+    Raises _Overflow (having removed its temp file) when the estimate of N was too small.
+    """
+    spec = header.spec()
+    cols = _columns(spec)
+    meta0 = _metadata(header, source, st0.st_size, st0.st_mtime_ns, 0)
+    reserve = _header_reserve(cols, sidecar_schema(spec.name, meta0))
+    with atomic_path(dest) as tmp:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            layout = _Layout(fd, cols, header, st0.st_size, reserve)
+            with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), layout) as out:
+                decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size)
+            _check_unchanged(source, st0)
+            n = decoded.n
+            schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
+            if n:
+                if out.written != [n * t.bit_width // 8 for _, t in cols]:
+                    raise FxCacheError(f"{source}: decoded column sizes {out.written} do not match N={n}")
+                image = _direct_image(cols, n, schema, layout.bases)
+                _pwrite_all(fd, image.prefix, 0)
+                _pwrite_all(fd, image.tail, image.tail_pos)
+                os.ftruncate(fd, image.size)
+        finally:
+            os.close(fd)
+        if not n:
+            _write_empty(tmp, cols, schema)
+        _verify(tmp, schema, decoded)
+    return n
+
+
+def _build_spilled(
+    source: Path,
+    dest: Path,
+    header: dbn.DbnHeader,
+    st0: os.stat_result,
+    chunk_bytes: int,
+    progress: ProgressFn | None,
+) -> int:
+    """Decode into per-column spill files, then copy them into pyarrow's layout; return N."""
+    spec = header.spec()
+    cols = _columns(spec)
+    spill = _Spill(len(cols), dest.parent)
+    try:
+        with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), spill) as out:
+            decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size)
+        _check_unchanged(source, st0)
+        n = decoded.n
+        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
+        with atomic_path(dest) as tmp:
+            if n == 0:
+                _write_empty(tmp, cols, schema)
+            else:
+                image = _ipc_image(cols, n, schema)
+                if [length for _, _, length in image.holes] != out.written:
+                    raise FxCacheError(f"{source}: decoded column sizes {out.written} do not match N={n}")
+                assert out.targets is not None  # n > 0: the columns were written out
+                _write_copied(tmp, image, out.targets)
+            _verify(tmp, schema, decoded)
+    finally:
+        spill.close()
+    return n
 
 
 def build_sidecar(
@@ -465,9 +847,10 @@ def build_sidecar(
     """Decode ``source`` (DBN trades / tbbo / mbp-1 / mbp-10) into the sidecar ``dest``.
 
     Peak memory is a few ``chunk_bytes`` whatever the file size. ``progress(bytes_done,
-    bytes_total)`` is called after each chunk with source (compressed) bytes. Written
-    atomically; on any error no sidecar and no temp file is left behind (FxDataError for bad
-    input, naming the file and offset).
+    bytes_total)`` is called after each chunk with source (compressed) bytes (it starts over if
+    the direct layout overflows and the file is decoded again). Written atomically; on any
+    error no sidecar and no temp file is left behind (FxDataError for bad input, naming the
+    file and offset).
     """
     source, dest = Path(source), Path(dest)
     try:
@@ -476,29 +859,11 @@ def build_sidecar(
         raise FxDataError(f"{source}: cannot stat the DBN source: {exc}") from exc
     header = dbn.read_header(source)
     spec = header.spec()  # unsupported / mixed schema: fail before creating anything
-    cols = _columns(spec)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    out = _Columns(cols, dest.parent, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES))
     try:
-        n, first, last = _decode_columns(source, out, cols, chunk_bytes, progress, st0.st_size)
-        st1 = os.stat(source)
-        if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
-            raise FxDataError(f"{source}: the file changed while it was being decoded")
-        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
-        with atomic_path(dest) as tmp:
-            if n == 0:
-                # one (empty) batch, as for any other sidecar; write_table would write none
-                empty = pa.record_batch([pa.array([], type=t) for _, t in cols], schema=schema)
-                with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, schema, options=_IPC_OPTIONS) as w:
-                    w.write_batch(empty)
-            else:
-                image = _ipc_image(cols, n, schema)
-                if [length for _, _, length in image.holes] != out.written:
-                    raise FxCacheError(f"{source}: decoded column sizes {out.written} do not match N={n}")
-                _write_copied(tmp, image, out.sources())
-            _verify(tmp, schema, n, first, last)
-    finally:
-        out.close()
+        n = _build_direct(source, dest, header, st0, chunk_bytes, progress)
+    except _Overflow:
+        n = _build_spilled(source, dest, header, st0, chunk_bytes, progress)
     if progress is not None:
         progress(st0.st_size, st0.st_size)
     return SidecarInfo(

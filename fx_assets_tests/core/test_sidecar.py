@@ -420,3 +420,150 @@ def test_bounded_memory(tmp_path: Path) -> None:
     assert growth < decoded / 8, f"peak RSS grew {growth / 1e6:.1f} MB for {decoded / 1e6:.1f} MB decoded"
     cols = sidecar.sidecar_columns(tmp_path / "out.arrow", ["sequence"])
     assert np.array_equal(cols["sequence"], np.arange(n, dtype=np.uint32))
+
+
+# ---- the direct layout (columns decoded straight into their regions) and its fallback ----------
+
+
+def _big_zstd(tmp_path: Path, n: int = 60_000) -> tuple[Path, np.ndarray]:
+    big = tiled(MBP1_BIG, n)
+    p = write_dbn(tmp_path / "big.dbn.zst", dbn.read_header(MBP1_BIG).header_bytes, big, zstd=True, frames=2)
+    return p, big
+
+
+def _buffer_offsets(path: Path) -> list[int]:
+    """File offsets of the column data buffers, as pyarrow locates them."""
+    with pa.memory_map(str(path), "r") as src:
+        batch = pa.ipc.open_file(src).get_batch(0)
+        src.seek(0)
+        base = src.read_buffer(1).address
+        return [batch.column(i).buffers()[1].address - base for i in range(batch.num_columns)]
+
+
+def _spy_spilled(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = sidecar._build_spilled
+
+    def spy(*a: object, **k: object) -> int:
+        calls.append(1)
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sidecar, "_build_spilled", spy)
+    return calls
+
+
+def test_direct_layout_writes_columns_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regions sized by the estimate (slack left as holes), readable as IPC file and as IPC stream."""
+    p, big = _big_zstd(tmp_path)
+    spilled = _spy_spilled(monkeypatch)
+    monkeypatch.setattr(sidecar, "_ESTIMATE_SLACK", 3.0)  # plenty of room: visible holes
+    info = sidecar.build_sidecar(p, tmp_path / "out" / "d.arrow", chunk_bytes=16384)
+    assert spilled == [] and info.n_records == len(big)
+    cols = sidecar.sidecar_columns(info.path)
+    for name in cols:
+        np.testing.assert_array_equal(cols[name], big[name], name)
+    offsets = _buffer_offsets(info.path)
+    assert all(o % 4096 == 0 for o in offsets) and offsets == sorted(offsets)
+    sizes = [cols[f.name].nbytes for f in sidecar.sidecar_schema("mbp-1")]
+    gaps = [b - (a + s) for a, b, s in zip(offsets, offsets[1:], sizes, strict=False)]
+    assert min(gaps) > 0.5 * len(big) * 1  # each region has room for more rows than were written
+    st = info.path.stat()
+    assert st.st_size - (offsets[-1] + sizes[-1]) < 64 << 10  # no slack after the last region
+    if st.st_blocks:  # sparse: the unwritten room takes no disk space
+        assert st.st_blocks * 512 < offsets[-1]
+    # the file stays a valid IPC stream after the magic (the gaps are unused body bytes)
+    data = info.path.read_bytes()
+    batch = pa.ipc.open_stream(pa.py_buffer(data[8:])).read_next_batch()
+    assert batch.num_rows == len(big)
+    np.testing.assert_array_equal(batch.column("bid_px_00").to_numpy(), big["bid_px_00"])
+    assert _dir_listing(tmp_path / "out") == ["d.arrow"]
+
+
+def test_plain_dbn_is_laid_out_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncompressed: N is known from the file size, so the regions have no slack."""
+    big = tiled(MBP1_BIG, 30_001)
+    p = write_dbn(tmp_path / "plain.dbn", dbn.read_header(MBP1_BIG).header_bytes, big, zstd=False)
+    spilled = _spy_spilled(monkeypatch)
+    info = sidecar.build_sidecar(p, tmp_path / "p.arrow", chunk_bytes=8192)
+    assert spilled == []
+    offsets = _buffer_offsets(info.path)
+    cols = sidecar.sidecar_columns(info.path)
+    sizes = [cols[f.name].nbytes for f in sidecar.sidecar_schema("mbp-1")]
+    for a, b, s in zip(offsets, offsets[1:], sizes, strict=False):
+        assert b == -(-(a + s) // 4096) * 4096
+    for name in cols:
+        np.testing.assert_array_equal(cols[name], big[name], name)
+
+
+def test_estimate_too_small_falls_back_to_spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p, big = _big_zstd(tmp_path)
+    spilled = _spy_spilled(monkeypatch)
+    monkeypatch.setattr(sidecar, "_ESTIMATE_SLACK", 0.1)
+    monkeypatch.setattr(sidecar, "_ESTIMATE_EXTRA", 0)
+    seen: list[int] = []
+    info = sidecar.build_sidecar(
+        p, tmp_path / "out" / "f.arrow", chunk_bytes=16384, progress=lambda d, t: seen.append(d)
+    )
+    assert spilled == [1] and info.n_records == len(big)
+    cols = sidecar.sidecar_columns(info.path)
+    for name in cols:
+        np.testing.assert_array_equal(cols[name], big[name], name)
+    assert _buffer_offsets(info.path)[0] < 64 << 10  # pyarrow's own contiguous layout
+    assert seen[-1] == p.stat().st_size
+    assert _dir_listing(tmp_path / "out") == ["f.arrow"]
+
+
+@pytest.mark.parametrize("slack", [1.25, 0.1])  # direct path, and spill fallback
+def test_interrupted_decode_leaves_previous_sidecar(
+    slack: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p, _ = _big_zstd(tmp_path)
+    monkeypatch.setattr(sidecar, "_ESTIMATE_SLACK", slack)
+    monkeypatch.setattr(sidecar, "_ESTIMATE_EXTRA", 0)
+    out = tmp_path / "out"
+    old = sidecar.build_sidecar(TRADES_V1, out / "s.arrow")
+    stamp = _stamp(old.path)
+    calls = 0
+
+    def interrupt(done: int, total: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 40:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sidecar.build_sidecar(p, out / "s.arrow", chunk_bytes=16384, progress=interrupt)
+    assert _dir_listing(out) == ["s.arrow"] and _stamp(old.path) == stamp
+
+
+def test_write_error_in_writer_thread_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p, _ = _big_zstd(tmp_path)
+    real = sidecar._pwrite_all
+    calls = 0
+
+    def failing(fd: int, data: bytes | memoryview, pos: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 30:
+            raise OSError(28, "No space left on device")
+        real(fd, data, pos)
+
+    monkeypatch.setattr(sidecar, "_pwrite_all", failing)
+    with pytest.raises(OSError, match="No space"):
+        sidecar.build_sidecar(p, tmp_path / "out" / "e.arrow", chunk_bytes=16384)
+    assert _dir_listing(tmp_path / "out") == []
+
+
+def test_unreadable_file_is_never_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the relocated metadata were wrong, verification fails and nothing is moved into place."""
+    p, _ = _big_zstd(tmp_path)
+    real = sidecar._direct_image
+
+    def shifted(cols: object, n: int, schema: pa.Schema, bases: list[int]) -> object:
+        # metadata that points 8 bytes past where each column was written
+        return real(cols, n, schema, [b + 8 for b in bases])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sidecar, "_direct_image", shifted)
+    with pytest.raises(FxCacheError, match="does not match the decoded record"):
+        sidecar.build_sidecar(p, tmp_path / "out" / "u.arrow", chunk_bytes=16384)
+    assert _dir_listing(tmp_path / "out") == []
