@@ -101,28 +101,33 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         raise NotImplementedError("DeviceFxCacheLoader only loads inputs; fxcache writes its own files")
 
-    def load_quarter(self, part: QuarterSymbol) -> str:
-        """Upload one partition's fxcache if this run has not yet; returns its store key."""
-        if part.label in self._loaded:
-            return self._loaded[part.label]
-        io = StageIO(self.storage, self.pipeline, part)
-        path = io.require("fxcache")
-        cache = open_fxcache(path)
-        price = cache.group("price")
-        price_cols = [c.name for c in cache.columns if c.group == "price"]
-        names = [c.name for c in sorted(cache.columns, key=lambda c: c.index)]
-        key = cache.cache_key.hex()
-        prices = cache.decoded(slice(None), price) if cache.dtype == "bf16" else None
-        self.store().add_quarter(key, cache.ts, cache.values, names, price_columns=price_cols, prices=prices)
-        self._loaded[part.label] = key
-        return key
+    def load_quarters(self, parts: list[QuarterSymbol]) -> None:
+        """Upload the partitions' fxcache files this run has not uploaded yet, in one threaded
+        read → pinned buffer → device pipeline (each file validated first)."""
+        todo = [p for p in parts if p.label not in self._loaded]
+        if not todo:
+            return
+        items, prices = [], []
+        for part in todo:
+            path = StageIO(self.storage, self.pipeline, part).require("fxcache")
+            cache = open_fxcache(path, verify_finite=False)  # the device checks the values
+            key = cache.cache_key.hex()
+            # bf16 cannot carry prices (8 significant bits): those come decoded from the file.
+            prices.append(cache.decoded(slice(None), cache.group("price")) if cache.dtype == "bf16" else None)
+            items.append((key, path))
+            self._loaded[part.label] = key
+        try:
+            self.store().add_fxcaches(items, prices=prices)
+        except Exception:
+            for part in todo:
+                self._loaded.pop(part.label, None)
+            raise
 
     def load_input(self, context: dg.InputContext) -> ResidentQuarters:
         keys = context.asset_partition_keys if context.has_asset_partitions else []
         t0 = time.perf_counter()
         before = int(self.store().stats()["uploads"])
-        for k in sorted(keys, key=str):
-            self.load_quarter(parse_partition_key(k))
+        self.load_quarters([parse_partition_key(k) for k in sorted(keys, key=str)])
         stats = self.store().stats()
         context.log.info(
             f"fxcache loader: {len(keys)} partition(s) requested, {stats['uploads'] - before} uploaded now, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -218,3 +219,72 @@ def test_padded_fxcache_file_uploads_in_one_block(tmp_path: Path) -> None:
     fr = SimpleNamespace(train_start=0, train_end=600, val_start=700, val_end=N)
     fold = fold_transition(view, fr, TrainConfig(trainer="mlp"), sessions=np.zeros(N, np.int32))
     assert fold.columns == ("f0", "f1", "f2", "ofi_0")  # no price, no padding
+
+
+def _write_cache(path: Path, ts: np.ndarray, v: np.ndarray, dtype: Any) -> Path:
+    return write_fxcache(
+        path,
+        ts,
+        {
+            "feature": (["f0", "f1", "f2"], v[:, 2:5]),
+            "price": (["open", "close"], v[:, :2]),
+            "ofi": (["ofi_0"], v[:, 5:6]),
+        },
+        dtype,
+        b"k" * 32,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+@pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
+def test_add_fxcaches_equals_add_quarter(tmp_path: Path, dtype: str, store_dtype: str) -> None:
+    """The threaded fxcache fast path stores exactly what add_quarter stores from the memmap."""
+    items, ref = [], DeviceStore(device="cpu", value_dtype=store_dtype, chunk_rows=333)  # type: ignore[arg-type]
+    prices = []
+    for i in range(3):
+        ts, v = _quarter(i)
+        p = _write_cache(tmp_path / f"q{i}.fxcache", ts, v, dtype)
+        fc = open_fxcache(p)
+        px = fc.decoded(slice(None), fc.group("price")) if dtype == "bf16" else None
+        ref.add_quarter(
+            f"Q{i}", fc.ts, fc.values, fc.column_names, price_columns=["open", "close"], prices=px
+        )
+        items.append((f"Q{i}", p))
+        prices.append(px)
+    # tiny chunks and 3 threads: many chunks per file, buffers reused out of order
+    fast = DeviceStore(device="cpu", value_dtype=store_dtype, staging_bytes=1000, io_threads=3)  # type: ignore[arg-type]
+    fast.add_fxcaches(items, prices=prices)
+    keys = [k for k, _ in items]
+    a, b = ref.concat_view(keys), fast.concat_view(keys)
+    assert a.columns == b.columns and a.price_columns == b.price_columns == ("open", "close")
+    assert torch.equal(a.values, b.values) and torch.equal(a.prices, b.prices)
+    np.testing.assert_array_equal(a.ts, b.ts)
+    st = fast.stats()
+    assert st["uploads"] == 3 and st["chunks"] > 30 and st["staging_pool_bytes"] <= 6 * 1000
+    with pytest.raises(FxDataError, match="already resident"):
+        fast.add_fxcache("Q0", items[0][1], prices=prices[0])
+
+
+def test_add_fxcache_checks_values_and_prices(tmp_path: Path) -> None:
+    ts, v = _quarter(1)
+    path = _write_cache(tmp_path / "q.fxcache", ts, v, "f32")
+    with pytest.raises(FxDataError, match="bf16 values cannot carry prices"):
+        DeviceStore(device="cpu").add_fxcache("B", _write_cache(tmp_path / "b.fxcache", ts, v, "bf16"))
+    fc = open_fxcache(path)
+    off, w = fc.header.values_offset, fc.header.row_width
+    fc.close()
+    raw = bytearray(path.read_bytes())
+    raw[off + (17 * w + 0) * 4 : off + (17 * w + 1) * 4] = np.float32(np.nan).tobytes()  # f0, bar 17
+    bad = tmp_path / "nan.fxcache"
+    bad.write_bytes(bytes(raw))
+    store = DeviceStore(device="cpu")
+    with pytest.raises(FxDataError, match=r"'f0' is NaN/Inf at bar 17"):
+        store.add_fxcaches([("Q", path), ("N", bad)])
+    assert store.keys() == []  # nothing registered when one file fails
+    raw = bytearray(path.read_bytes())
+    raw[off + (5 * w + 4) * 4 : off + (5 * w + 5) * 4] = np.float32(-1.0).tobytes()  # close, bar 5
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(FxDataError, match=r"'close' not finite/positive at bar 5"):
+        store.add_fxcache("N", bad)
+    store.add_fxcache("Q", path)
+    assert store.keys() == ["Q"]

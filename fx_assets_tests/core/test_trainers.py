@@ -350,3 +350,35 @@ def test_gpu_trainers_find_signal_deterministically(tmp_path: Path) -> None:
     assert c.metrics["total_return"] == d.metrics["total_return"]
     wc, wd = load_state(c.best_path), load_state(d.best_path)
     assert all(torch.equal(wc[k], wd[k]) for k in wc)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fused_fold_kernels_equal_torch_ops() -> None:
+    """The Triton fold kernels give the torch path's stats and inputs (and flag bad inputs)."""
+    from fx_assets.core.trainers import common
+
+    ts, values = make_market(3, 0.35, 41)
+    store, keys = load_store(ts, values, 3, device="cuda")
+    view, fr = store.concat_view(keys), make_range(ts, 3, 2)
+    fused = fold_transition(view, fr, MLP_CFG)
+    assert fused.extra["fused_kernels"], common._FUSED_STATE
+    common._FUSED_STATE["enabled"] = False
+    try:
+        ref = fold_transition(view, fr, MLP_CFG)
+    finally:
+        common._FUSED_STATE["enabled"] = True
+    assert not ref.extra["fused_kernels"]
+    torch.testing.assert_close(fused.mean, ref.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused.std, ref.std, rtol=1e-10, atol=0)
+    torch.testing.assert_close(fused.x_train, ref.x_train, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fused.x_val, ref.x_val, rtol=0, atol=1e-5)
+    for a, b in ((fused.r1_train, ref.r1_train), (fused.y_train, ref.y_train), (fused.r1_val, ref.r1_val)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15, equal_nan=True)
+    torch.testing.assert_close(fused.y_val, ref.y_val, rtol=0, atol=1e-15, equal_nan=True)
+    assert int(torch.isnan(fused.y_val).sum()) == labels.max_horizon(MLP_CFG.horizons, MLP_CFG.entry_lag)
+    bad = view.values.clone()
+    bad[fr.val_start + 3, view.column_index(fused.columns[1])] = float("inf")
+    view_bad = dataclasses.replace(view, values=bad)
+    with pytest.raises(FxDataError, match=rf"{fused.columns[1]!r}.*row {fr.val_start + 3}"):
+        fold_transition(view_bad, fr, MLP_CFG)

@@ -3,15 +3,17 @@
 Owns the one place where a fold's model inputs and labels come into being (DESIGN §4, §6):
 
 - :func:`fold_transition` takes a resident :class:`~fx_assets.core.device_store.DeviceSlice` and a
-  fold's half-open index ranges and, with a handful of device ops, (1) slices the input columns
+  fold's half-open index ranges and, with device ops and no host sync before its checks, (1) slices the input columns
   of ``[train_start, val_end)`` (price columns are never inputs: raw price levels leaked the future
   regime into states once), (2) computes z-score statistics from the *training rows only*,
   (3) derives the 1-bar forward return and the blended multi-horizon target from the float64
   close column restricted to ``[train_start, val_end)`` — so no label can read a price beyond the
   validation quarter — and (4) checks, with one host sync at the end, that the purge holds, that
   every training label is defined (unless ``segments`` marks contract rolls, whose spanning
-  labels are NaN and left out) and that no input is NaN/Inf. The torch label functions of
-  ``core.labels`` validate the close column themselves (one small sync each).
+  labels are NaN and left out), that every close is finite and positive, and that no input is
+  NaN/Inf. The labels follow ``core.labels`` op for op (its torch functions are not called: they
+  sync once each to validate the close column). On CUDA, three Triton kernels (see "fused CUDA
+  kernels" below) do the statistics, the normalisation and the labels; elsewhere torch ops do.
 - Model selection (early stopping) is measured on a purged tail of the training rows by default
   (``early_stopping='inner'``), so the reported validation metrics are out of sample; with
   ``'validation'`` the validation quarter itself picks the epoch (biased upwards).
@@ -28,9 +30,11 @@ fills) ``y^(h)_j = ln(C_{j+d+h} / C_{j+d})``; a position decided at bar ``j`` ea
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +226,263 @@ def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[tor
     return r1, blended
 
 
+# ---------------------------------------------------------------------------- fused CUDA kernels
+# Two Triton kernels do the heavy part of a fold transition on CUDA in two passes over the
+# slice (torch needs six: gather, widen to f64, var_mean, addcmul, clamp, validation sum):
+#   1. column sums of (x - k) and (x - k)^2 in float64 over the training rows (k = the first
+#      training row, so the one-pass variance has no cancellation), per-program partials that
+#      torch adds up in a fixed order (deterministic);
+#   2. gather of the input columns, (x - mean) / std, clip, and a count of non-finite inputs.
+# Without Triton, on the CPU, or if a kernel fails to build, the torch path runs instead.
+_KERNELS: dict[str, Any] = {}
+_FUSED_STATE = {"enabled": os.environ.get("FX_FUSED_FOLD", "1") != "0", "error": ""}
+
+
+def _kernels() -> dict[str, Any] | None:
+    if not _FUSED_STATE["enabled"]:
+        return None
+    if _KERNELS:
+        return _KERNELS
+    try:
+        triton = importlib.import_module("triton")
+        tl = importlib.import_module("triton.language")
+    except ImportError as exc:
+        _FUSED_STATE.update(enabled=False, error=f"no triton: {exc}")
+        return None
+
+    @triton.jit
+    def col_stats(
+        v_ptr,
+        k_ptr,
+        part_ptr,
+        row0,
+        n_rows,
+        stride,
+        width,
+        rows_per_prog,
+        BLOCK_R: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK_C: tl.constexpr,  # type: ignore[name-defined]
+    ):
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_C)
+        cmask = cols < width
+        k = tl.load(k_ptr + cols, mask=cmask, other=0.0)
+        # elementwise accumulators, reduced across rows once at the end
+        s1 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+        s2 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+        start = pid * rows_per_prog
+        end = tl.minimum(start + rows_per_prog, n_rows)
+        for r0 in range(start, end, BLOCK_R):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            m = (rows < end)[:, None] & cmask[None, :]
+            ptrs = v_ptr + (row0 + rows).to(tl.int64)[:, None] * stride + cols[None, :]
+            x = tl.load(ptrs, mask=m, other=0.0).to(tl.float64)
+            d = tl.where(m, x - k[None, :], 0.0)
+            s1 += d
+            s2 += d * d
+        base = part_ptr + pid * 2 * BLOCK_C
+        tl.store(base + cols, tl.sum(s1, axis=0))
+        tl.store(base + BLOCK_C + cols, tl.sum(s2, axis=0))
+
+    @triton.jit
+    def normalise(
+        v_ptr,
+        idx_ptr,
+        scale_ptr,
+        shift_ptr,
+        out_ptr,
+        bad_ptr,
+        row0,
+        n_out,
+        stride,
+        n_feat,
+        clip,
+        BLOCK: tl.constexpr,  # type: ignore[name-defined]
+    ):
+        # one program per BLOCK consecutive outputs of the row-major [m, n_feat] result
+        pid = tl.program_id(0)
+        e = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = e < n_out
+        row = e // n_feat
+        j = (e - row * n_feat).to(tl.int32)
+        src = tl.load(idx_ptr + j, mask=ok, other=0)
+        sc = tl.load(scale_ptr + j, mask=ok, other=0.0)
+        sh = tl.load(shift_ptr + j, mask=ok, other=0.0)
+        x = tl.load(v_ptr + (row0 + row) * stride + src, mask=ok, other=0.0).to(tl.float32)
+        y = x * sc + sh
+        y = tl.minimum(tl.maximum(y, -clip), clip)
+        tl.store(out_ptr + e, y, mask=ok)
+        bad = ok & ((x != x) | (tl.abs(x) > 3.4028234663852886e38))
+        tl.store(bad_ptr + pid, tl.sum(bad.to(tl.int32), axis=0))
+
+    @triton.jit
+    def fwd_labels(
+        close_ptr,
+        r1_ptr,
+        bl_ptr,
+        cnt_ptr,
+        hs_ptr,
+        den_ptr,
+        cs,
+        n,
+        n_tr,
+        lag,
+        h_max,
+        N_H: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK: tl.constexpr,  # type: ignore[name-defined]
+    ):
+        # r1_j = ln C[j+d+1] - ln C[j+d]; blended_j = (sum_h (ln C[j+d+h] - ln C[j+d]) / sqrt h) / |H|
+        # (the op order of core.labels); NaN where a horizon runs past the slice
+        pid = tl.program_id(0)
+        j = pid * BLOCK + tl.arange(0, BLOCK)
+        inb = j < n
+        c = tl.load(close_ptr + j * cs, mask=inb, other=1.0)
+        bad_c = inb & ~((c == c) & (c > 0) & (c < float("inf")))
+        ok_b = inb & ((j + lag) < n)
+        lb = tl.log(tl.load(close_ptr + (j + lag) * cs, mask=ok_b, other=1.0))
+        ok1 = inb & ((j + lag + 1) < n)
+        r1 = tl.log(tl.load(close_ptr + (j + lag + 1) * cs, mask=ok1, other=1.0)) - lb
+        r1 = tl.where(ok1, r1, float("nan"))
+        okh = inb & ((j + lag + h_max) < n)
+        acc = tl.zeros([BLOCK], dtype=tl.float64)
+        for i in tl.static_range(N_H):
+            h = tl.load(hs_ptr + i)
+            den = tl.load(den_ptr + i)
+            lh = tl.log(tl.load(close_ptr + (j + lag + h) * cs, mask=okh, other=1.0))
+            acc = acc + (lh - lb) / den
+        bl = tl.where(okh, acc / N_H, float("nan"))
+        tl.store(r1_ptr + j, r1, mask=inb)
+        tl.store(bl_ptr + j, bl, mask=inb)
+        tr = inb & (j < n_tr)
+        bl_bad = tr & ~((bl == bl) & (tl.abs(bl) < float("inf")))
+        r1_bad = tr & ~((r1 == r1) & (tl.abs(r1) < float("inf")))
+        tl.store(cnt_ptr + pid * 3, tl.sum(bl_bad.to(tl.int32), axis=0))
+        tl.store(cnt_ptr + pid * 3 + 1, tl.sum(r1_bad.to(tl.int32), axis=0))
+        tl.store(cnt_ptr + pid * 3 + 2, tl.sum(bad_c.to(tl.int32), axis=0))
+
+    _KERNELS.update(
+        col_stats=col_stats, normalise=normalise, fwd_labels=fwd_labels, next_pow2=triton.next_power_of_2
+    )
+    return _KERNELS
+
+
+_STATS_ROWS, _NORM_BLOCK, _LABEL_BLOCK = 16, 1024, 1024
+
+
+def _fused_normalise(
+    values: torch.Tensor, col_idx: torch.Tensor, ts0: int, n_tr: int, m: int, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(x, mean, var, std, non-finite input count) by the Triton kernels, or None (torch path)."""
+    if (
+        values.device.type != "cuda"
+        or values.stride(1) != 1
+        or values.dtype not in (torch.float32, torch.bfloat16)
+    ):
+        return None
+    ker = _kernels()
+    if ker is None:
+        return None
+    try:
+        width, stride, f = int(values.shape[1]), int(values.stride(0)), int(col_idx.numel())
+        block_c = ker["next_pow2"](width)
+        n_prog = min(
+            8 * torch.cuda.get_device_properties(values.device).multi_processor_count,
+            max(1, math.ceil(n_tr / _STATS_ROWS)),
+        )
+        rows_per_prog = math.ceil(math.ceil(n_tr / n_prog) / _STATS_ROWS) * _STATS_ROWS
+        n_prog = math.ceil(n_tr / rows_per_prog)
+        k = values[ts0].to(torch.float64)
+        part = torch.empty((n_prog, 2, block_c), dtype=torch.float64, device=values.device)
+        ker["col_stats"][(n_prog,)](
+            values,
+            k,
+            part,
+            ts0,
+            n_tr,
+            stride,
+            width,
+            rows_per_prog,
+            BLOCK_R=_STATS_ROWS,
+            BLOCK_C=block_c,
+            num_warps=4,
+        )
+        tot = part.sum(dim=0)[:, :width]
+        d1 = tot[0] / n_tr
+        mean_all = k + d1
+        var_all = torch.clamp(tot[1] / n_tr - d1 * d1, min=0.0)
+        mean, var = mean_all[col_idx], var_all[col_idx]
+        std = var.sqrt()
+        std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
+        inv = std.reciprocal()
+        x = torch.empty((m, f), dtype=torch.float32, device=values.device)
+        n_blk = math.ceil(m * f / _NORM_BLOCK)
+        bad = torch.empty(n_blk, dtype=torch.int32, device=values.device)
+        ker["normalise"][(n_blk,)](
+            values,
+            col_idx,
+            inv.to(torch.float32),
+            (-mean * inv).to(torch.float32),
+            x,
+            bad,
+            ts0,
+            m * f,
+            stride,
+            f,
+            float(cfg.clip_z),
+            BLOCK=_NORM_BLOCK,
+            num_warps=4,
+        )
+        return x, mean, var, std, bad.sum()
+    except Exception as exc:  # a build/launch failure of the kernels: keep going on the torch path
+        _FUSED_STATE.update(enabled=False, error=f"{type(exc).__name__}: {exc}")
+        _KERNELS.clear()
+        warnings.warn(f"fold_transition: fused kernels disabled ({exc}); using torch ops", stacklevel=3)
+        return None
+
+
+def _fused_labels(
+    close: torch.Tensor, horizons: Sequence[int], lag: int, n_tr: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(r1, blended, [undefined blended, undefined r1 in training rows, bad closes]) in one kernel."""
+    ker = _kernels()
+    if ker is None or close.device.type != "cuda" or close.dtype != torch.float64:
+        return None
+    try:
+        hs = tuple(int(h) for h in horizons)
+        h_max = labels.max_horizon(hs, lag) - lag  # validates horizons and lag
+        n = int(close.shape[0])
+        r1 = torch.empty(n, dtype=torch.float64, device=close.device)
+        bl = torch.empty(n, dtype=torch.float64, device=close.device)
+        n_blk = math.ceil(n / _LABEL_BLOCK)
+        cnt = torch.empty((n_blk, 3), dtype=torch.int32, device=close.device)
+        hs_t = torch.tensor(hs, dtype=torch.int64).to(close.device, non_blocking=True)
+        den = torch.tensor([math.sqrt(h) for h in hs], dtype=torch.float64).to(
+            close.device, non_blocking=True
+        )
+        ker["fwd_labels"][(n_blk,)](
+            close,
+            r1,
+            bl,
+            cnt,
+            hs_t,
+            den,
+            close.stride(0),
+            n,
+            n_tr,
+            lag,
+            h_max,
+            N_H=len(hs),
+            BLOCK=_LABEL_BLOCK,
+            num_warps=4,
+        )
+        return r1, bl, cnt.sum(dim=0)
+    except Exception as exc:  # as in _fused_normalise: fall back to torch ops
+        _FUSED_STATE.update(enabled=False, error=f"{type(exc).__name__}: {exc}")
+        _KERNELS.clear()
+        warnings.warn(f"fold_transition: fused kernels disabled ({exc}); using torch ops", stacklevel=3)
+        return None
+
+
 # ---------------------------------------------------------------------------- fold transition
 def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tuple[str, ...], list[int]]:
     """Model input columns: ``cfg.input_columns`` or every column not stored as a price.
@@ -280,35 +541,55 @@ def fold_transition(
     v0 = vs - ts0
 
     # No host sync until the checks below: every step is a device op queued behind the last.
-    block = store_slice.values[ts0:ve].index_select(1, col_idx)
-    if block.dtype != torch.float32:
-        block = block.to(torch.float32)
-    # float64 statistics of the training rows (one Welford reduction over the widened block)
-    var, mean = torch.var_mean(block[:n_tr].to(torch.float64), dim=0, correction=0)
-    std = var.sqrt()
-    std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
-    inv = std.reciprocal()
-    # x = (block - mean) / std in one fused pass, then clipped in place
-    x = torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
-        -cfg.clip_z, cfg.clip_z
-    )
+    fused = _fused_normalise(store_slice.values, col_idx, ts0, n_tr, ve - ts0, cfg)
+    block: torch.Tensor | None = None
+    if fused is not None:
+        x, mean, var, std, n_bad_inputs = fused
+    else:
+        block = store_slice.values[ts0:ve].index_select(1, col_idx)
+        if block.dtype != torch.float32:
+            block = block.to(torch.float32)
+        # float64 statistics of the training rows (one Welford reduction over the widened block)
+        var, mean = torch.var_mean(block[:n_tr].to(torch.float64), dim=0, correction=0)
+        std = var.sqrt()
+        std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
+        inv = std.reciprocal()
+        # x = (block - mean) / std in one fused pass, then clipped in place
+        x = torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
+            -cfg.clip_z, cfg.clip_z
+        )
+        # a NaN/Inf validation input makes its column's sum non-finite (a sum that merely
+        # overflows float32 is sorted out by the slow path below)
+        n_bad_inputs = (~torch.isfinite(block[v0:].sum(dim=0))).sum()
 
     close = store_slice.close[ts0:ve]  # labels never read a price past val_end
-    r1, blended = _labels(close, cfg.horizons, cfg.entry_lag)
+    lab = _fused_labels(close, cfg.horizons, cfg.entry_lag, n_tr) if fused is not None else None
+    lab_counts: torch.Tensor | None = None
+    if lab is not None:
+        r1, blended, kc = lab
+        if segments is None:  # [target, r1, close] counts straight from the kernel
+            lab_counts = torch.stack([kc[0] if cfg.target == "blended" else kc[1], kc[1], kc[2]])
+    else:
+        r1, blended = _labels(close, cfg.horizons, cfg.entry_lag)
     if segments is not None:
         r1, blended = _mask_segment_crossings(segments, ts0, ve, n, r1, blended, cfg, where)
     target = blended if cfg.target == "blended" else r1
+    if lab_counts is None:
+        lab_counts = torch.stack(
+            [
+                (~torch.isfinite(target[:n_tr])).sum(),
+                (~torch.isfinite(r1[:n_tr])).sum(),
+                (~(torch.isfinite(close) & (close > 0))).sum(),
+            ]
+        )
 
-    # One host sync for all checks. A NaN/Inf input makes its column's mean/var (training rows)
-    # or sum (validation rows) non-finite, which is far cheaper than an elementwise isfinite; a
-    # validation sum that merely overflows float32 is sorted out by the slow path.
-    checks = torch.stack(
+    # One host sync for all checks. A NaN/Inf training input makes its column's mean/var
+    # non-finite, which is far cheaper than an elementwise isfinite.
+    checks = torch.cat(
         [
-            (~(torch.isfinite(mean) & torch.isfinite(var))).sum(),
-            (~torch.isfinite(block[v0:].sum(dim=0))).sum(),
-            (~torch.isfinite(target[:n_tr])).sum(),
-            (~torch.isfinite(r1[:n_tr])).sum(),
-            (~(torch.isfinite(close) & (close > 0))).sum(),
+            (~(torch.isfinite(mean) & torch.isfinite(var))).sum().view(1),
+            n_bad_inputs.to(torch.long).view(1),
+            lab_counts.to(torch.long),
         ]
     ).tolist()
     if checks[4]:
@@ -317,6 +598,8 @@ def fold_transition(
             f"{where}: close must be finite and > 0; slice row {ts0 + j} has {float(close[j])!r}"
         )
     if checks[0] or checks[1]:  # slow path, only to name the first bad value
+        if block is None:
+            block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
         bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
         bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
         if bad.shape[0]:
@@ -353,7 +636,7 @@ def fold_transition(
         horizons=tuple(cfg.horizons),
         entry_lag=cfg.entry_lag,
         target=cfg.target,
-        extra={"train_labels_undefined": int(max(checks[2], checks[3]))},
+        extra={"train_labels_undefined": int(max(checks[2], checks[3])), "fused_kernels": fused is not None},
     )
 
 
@@ -442,6 +725,66 @@ def make_optimizer(
         fused=fused or None,
         capturable=capturable and fused,
     )
+
+
+def use_cuda_graph(dev: torch.device) -> bool:
+    """Whether a trainer captures its training iteration as a CUDA graph (``FX_CUDA_GRAPHS=0``: never)."""
+    return dev.type == "cuda" and os.environ.get("FX_CUDA_GRAPHS", "1") != "0"
+
+
+class GraphRunner:
+    """Runs the training iteration ``n`` times: eagerly, or as replays of one captured CUDA graph.
+
+    The first ``_WARMUP`` iterations run eagerly on a side stream (cuBLAS workspaces, optimizer
+    state and autograd buffers come into being there, as capture requires); they are real
+    iterations and count towards the epoch.
+    """
+
+    _WARMUP = 3
+
+    def __init__(self, fn: Any, dev: torch.device, graphed: bool, gen: torch.Generator | None = None) -> None:
+        self.fn, self.dev, self.graphed, self.gen = fn, dev, graphed, gen
+        self.graph: Any = None
+        self.done = 0
+        self.error = ""
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def run(self, n: int) -> None:
+        if not self.graphed:
+            for _ in range(n):
+                self.fn()
+            return
+        i = 0
+        if self.graph is None:
+            side = torch.cuda.Stream(device=self.dev)
+            side.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(side):
+                while i < n and self.done < self._WARMUP:
+                    self.fn()
+                    i += 1
+                    self.done += 1
+            torch.cuda.current_stream(self.dev).wait_stream(side)
+            if i == n:
+                return
+            g = torch.cuda.CUDAGraph()
+            try:
+                if self.gen is not None and hasattr(g, "register_generator_state"):
+                    g.register_generator_state(self.gen)
+                with torch.cuda.graph(g):
+                    self.fn()
+            except RuntimeError as exc:  # nothing ran during the failed capture: go on eagerly
+                torch.cuda.synchronize(self.dev)
+                warnings.warn(f"CUDA graph capture failed ({exc}); running eagerly", stacklevel=2)
+                self.graphed, self.error = False, str(exc)
+                for _ in range(n - i):
+                    self.fn()
+                return
+            self.graph = g
+        for _ in range(n - i):
+            self.graph.replay()
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

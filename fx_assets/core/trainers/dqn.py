@@ -23,7 +23,7 @@ fill level, update count and epsilon live on the device, the ring write is a mas
 (its backward is elementwise, not a scatter). So on CUDA the iteration is captured once as a
 CUDA graph and replayed ``steps`` times per epoch (a few µs of launch instead of ~150
 kernel launches from Python); the first iterations run eagerly on a side stream as the
-capture warm-up. On the CPU, or with ``FX_DQN_CUDA_GRAPH=0``, the same function runs eagerly.
+capture warm-up. On the CPU, or with ``FX_CUDA_GRAPHS=0``, the same function runs eagerly.
 
 Validation runs the greedy policy over the validation quarter without a Python loop over bars
 on the device: Q is evaluated for all three possible current positions of every bar in one
@@ -34,9 +34,7 @@ resolved by a numba scan (``p_{t} = table[t, p_{t−1}]``).
 from __future__ import annotations
 
 import math
-import os
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from fx_assets.core import metrics as M
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.trainers.common import (
     FoldData,
+    GraphRunner,
     TrainConfig,
     TrainResult,
     evaluate_positions,
@@ -60,6 +59,7 @@ from fx_assets.core.trainers.common import (
     selection_split,
     sidecar_base,
     state_to_cpu,
+    use_cuda_graph,
     write_checkpoints,
 )
 
@@ -152,10 +152,19 @@ class _Replay:
     def push(self, t: torch.Tensor, p: torch.Tensor, a: torch.Tensor, r: torch.Tensor) -> None:
         """Write ``k`` transitions at ``ptr, ptr+1, …`` (mod capacity), in place, no host sync.
 
-        Slot ``s`` receives new row ``(s − ptr) mod cap`` when that is ``< k``; if ``k > cap`` a
-        slot is written by the last row that maps to it, as a sequential ring would.
+        On CUDA the write is a masked select over the ring (capturable, deterministic, O(cap)):
+        slot ``s`` receives new row ``(s − ptr) mod cap`` when that is ``< k``; if ``k > cap`` a
+        slot is written by the last row that maps to it, as a sequential ring would. On the CPU
+        the same slots are written by index (O(k)).
         """
         k = t.shape[0]
+        if self.r.device.type != "cuda":  # no graph to capture: a plain O(k) ring write (CPU)
+            idx = torch.remainder(self.ptr + torch.arange(k, device=t.device), self.cap)
+            self.tpa[idx] = torch.stack([t, p, a], dim=1)  # sequential: the last duplicate wins
+            self.r[idx] = r
+            self.ptr.copy_(torch.remainder(self.ptr + k, self.cap))
+            self.size.copy_(torch.clamp(self.size + k, max=self.cap))
+            return
         off = torch.remainder(self.slots - self.ptr, self.cap)
         write = off < k
         src = off + torch.div(k - 1 - off, self.cap, rounding_mode="floor").clamp_(min=0) * self.cap
@@ -212,10 +221,6 @@ class VecEnv:
         return t, p, a, r
 
 
-def _use_cuda_graph(dev: torch.device) -> bool:
-    return dev.type == "cuda" and os.environ.get("FX_DQN_CUDA_GRAPH", "1") != "0"
-
-
 def train_dqn(
     fold: FoldData, cfg: TrainConfig, out_dir: Path | str, input_keys: Sequence[str]
 ) -> TrainResult:
@@ -228,7 +233,7 @@ def train_dqn(
     inner = _host_block(
         fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
     )
-    graphed = _use_cuda_graph(dev)
+    graphed = use_cuda_graph(dev)
     with seeded(cfg.seed, cfg.deterministic):
         in_dim = fold.n_features + N_ACTIONS
         online = DuelingQNet(in_dim, cfg.hidden).to(dev)
@@ -291,7 +296,7 @@ def train_dqn(
         for _ in range(math.ceil(min(cfg.learn_starts, cfg.replay_size) / cfg.n_envs)):
             collect(1.0)  # warm-up: uniform random actions
 
-        runner = _Runner(iteration, dev, graphed, gen)
+        runner = GraphRunner(iteration, dev, graphed, gen)
         updates = 0
         best_val, best_epoch, bad_epochs = math.nan, -1, 0
         best_state = state_to_cpu(online)
@@ -364,61 +369,6 @@ def train_dqn(
         best_epoch=best_epoch,
         history=history,
     )
-
-
-class _Runner:
-    """Runs the training iteration ``n`` times: eagerly, or as replays of one captured CUDA graph.
-
-    The first ``_WARMUP`` iterations run eagerly on a side stream (cuBLAS workspaces, optimizer
-    state and autograd buffers come into being there, as capture requires); they are real
-    iterations and count towards the epoch.
-    """
-
-    _WARMUP = 3
-
-    def __init__(self, fn: Any, dev: torch.device, graphed: bool, gen: torch.Generator) -> None:
-        self.fn, self.dev, self.graphed, self.gen = fn, dev, graphed, gen
-        self.graph: Any = None
-        self.done = 0
-        self.error = ""
-
-    @property
-    def captured(self) -> bool:
-        return self.graph is not None
-
-    def run(self, n: int) -> None:
-        if not self.graphed:
-            for _ in range(n):
-                self.fn()
-            return
-        i = 0
-        if self.graph is None:
-            side = torch.cuda.Stream(device=self.dev)
-            side.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(side):
-                while i < n and self.done < self._WARMUP:
-                    self.fn()
-                    i += 1
-                    self.done += 1
-            torch.cuda.current_stream(self.dev).wait_stream(side)
-            if i == n:
-                return
-            g = torch.cuda.CUDAGraph()
-            try:
-                if hasattr(g, "register_generator_state"):
-                    g.register_generator_state(self.gen)
-                with torch.cuda.graph(g):
-                    self.fn()
-            except RuntimeError as exc:  # nothing ran during the failed capture: go on eagerly
-                torch.cuda.synchronize(self.dev)
-                warnings.warn(f"DQN: CUDA graph capture failed ({exc}); running eagerly", stacklevel=2)
-                self.graphed, self.error = False, str(exc)
-                for _ in range(n - i):
-                    self.fn()
-                return
-            self.graph = g
-        for _ in range(n - i):
-            self.graph.replay()
 
 
 def _host_block(y: torch.Tensor, r1: torch.Tensor, sessions: np.ndarray) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ from fx_assets.core import metrics as M
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.trainers.common import (
     FoldData,
+    GraphRunner,
     TrainConfig,
     TrainResult,
     evaluate_positions,
@@ -35,6 +36,7 @@ from fx_assets.core.trainers.common import (
     selection_split,
     sidecar_base,
     state_to_cpu,
+    use_cuda_graph,
     write_checkpoints,
 )
 
@@ -89,9 +91,10 @@ def train_mlp(
     """Train the MLP baseline on one fold; write best/last checkpoints under ``out_dir``."""
     dev = fold.device
     metric = cfg.metric_name()
+    graphed = use_cuda_graph(dev)
     with seeded(cfg.seed, cfg.deterministic):
         model = mlp_layers(fold.n_features, cfg.hidden, 1, cfg.dropout).to(dev)
-        opt = make_optimizer(model, cfg)
+        opt = make_optimizer(model, cfg, capturable=graphed)
         gen = make_generator(dev, cfg.seed + 1_000_003)
         fit_end, inner_start = selection_split(fold, cfg)
         y = fold.y_train
@@ -108,6 +111,29 @@ def train_mlp(
             fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
         )
         lossf = torch.nn.BCEWithLogitsLoss()
+        # The step over full batches is a fixed op sequence on persistent tensors (the batch is
+        # row ``s`` of the epoch's permutation, ``s`` a device counter), so on CUDA it is captured
+        # once as a CUDA graph and replayed; a last partial batch runs eagerly.
+        bs = cfg.batch_size
+        full = n // bs
+        perm_buf = torch.empty(n, dtype=torch.long, device=dev)
+        batch_no = torch.zeros(1, dtype=torch.long, device=dev)
+        loss_sum = torch.zeros((), device=dev)
+        params = list(model.parameters())
+
+        def learn(b: torch.Tensor) -> None:
+            loss = lossf(model(fold.x_train[b]).squeeze(1), z[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            loss_sum.add_(loss.detach())
+
+        def full_step() -> None:
+            learn(perm_buf[: full * bs].view(full, bs).index_select(0, batch_no).view(bs))
+            batch_no.add_(1)
+
+        runner = GraphRunner(full_step, dev, graphed)
         best_val, best_epoch, bad_epochs = math.nan, -1, 0
         best_state = state_to_cpu(model)
         best_out: tuple[Any, ...] | None = None
@@ -115,16 +141,12 @@ def train_mlp(
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
             model.train()
-            perm = idx[torch.randperm(n, generator=gen, device=dev)]
-            loss_sum = torch.zeros((), device=dev)
-            for s in range(steps):
-                b = perm[s * cfg.batch_size : (s + 1) * cfg.batch_size]
-                loss = lossf(model(fold.x_train[b]).squeeze(1), z[b])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-                loss_sum += loss.detach()
+            perm_buf.copy_(idx[torch.randperm(n, generator=gen, device=dev)])
+            batch_no.zero_()
+            loss_sum.zero_()
+            runner.run(min(steps, full))
+            if steps > full:  # the last, partial batch
+                learn(perm_buf[full * bs :])
             train_loss = float(loss_sum) / steps  # the epoch's one sync
             t_train = time.perf_counter() - t0
             p = predict_proba(model, fold.x_val).double().cpu().numpy()
@@ -168,6 +190,7 @@ def train_mlp(
             "inner_start": inner_start,
         },
         history=history,
+        cuda_graph=runner.captured,
     )
     best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, side)
     return TrainResult(
