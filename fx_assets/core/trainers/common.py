@@ -902,6 +902,38 @@ def mlp_layers(in_dim: int, hidden: Sequence[int], out_dim: int, dropout: float 
     return torch.nn.Sequential(*layers)
 
 
+class EarlyStopping:
+    """Keeps the best epoch by the selection metric (weights, evaluation) and says when to stop.
+
+    ``best`` holds what the trainer evaluated at the best epoch; if the metric was NaN every
+    epoch (e.g. a single-class block), the last epoch counts as best.
+    """
+
+    def __init__(self, metric: str, patience: int, model: torch.nn.Module) -> None:
+        self.metric, self.patience = metric, patience
+        self.value, self.epoch, self.bad = math.nan, -1, 0
+        self.state = state_to_cpu(model)
+        self.best: tuple[Any, ...] | None = None
+
+    def update(self, epoch: int, value: float, model: torch.nn.Module, evaluation: tuple[Any, ...]) -> bool:
+        """Record one epoch; True when training should stop."""
+        self.last = (epoch, model, evaluation)
+        if is_better(self.metric, value, self.value):
+            self.value, self.epoch, self.bad = value, epoch, 0
+            self.state = state_to_cpu(model)
+            self.best = evaluation
+            return False
+        self.bad += 1
+        return self.bad >= self.patience
+
+    def finish(self) -> tuple[int, dict[str, torch.Tensor], tuple[Any, ...]]:
+        """(best epoch, its weights on the host, its evaluation)."""
+        if self.best is None:
+            epoch, model, evaluation = self.last
+            return epoch, state_to_cpu(model), evaluation
+        return self.epoch, self.state, self.best
+
+
 def is_better(metric: str, value: float, best: float) -> bool:
     """Higher is better for every early-stopping metric; NaN never improves."""
     del metric

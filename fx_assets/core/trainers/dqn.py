@@ -47,12 +47,12 @@ from numba import njit
 from fx_assets.core import metrics as M
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.trainers.common import (
+    EarlyStopping,
     FoldData,
     GraphRunner,
     TrainConfig,
     TrainResult,
     evaluate_positions,
-    is_better,
     make_generator,
     make_optimizer,
     seeded,
@@ -298,9 +298,7 @@ def train_dqn(
 
         runner = GraphRunner(iteration, dev, graphed, gen)
         updates = 0
-        best_val, best_epoch, bad_epochs = math.nan, -1, 0
-        best_state = state_to_cpu(online)
-        best_out: tuple[Any, ...] | None = None
+        stopper = EarlyStopping(metric, cfg.patience, online)
         history: list[dict[str, float]] = []
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
@@ -327,17 +325,9 @@ def train_dqn(
                 epoch_seconds=time.perf_counter() - t0,
             )
             history.append(m)
-            if is_better(metric, sel, best_val):
-                best_val, best_epoch, bad_epochs = sel, epoch, 0
-                best_state = state_to_cpu(online)
-                best_out = (m, pos, ret, eq)
-            else:
-                bad_epochs += 1
-                if bad_epochs >= cfg.patience:
-                    break
-        if best_out is None:
-            best_epoch, best_out = len(history) - 1, (history[-1], pos, ret, eq)
-            best_state = state_to_cpu(online)
+            if stopper.update(epoch, sel, online, (m, pos, ret, eq)):
+                break
+        best_epoch, best_state, best_out = stopper.finish()
         last_state = state_to_cpu(online)
 
     m, pos, ret, eq = best_out

@@ -23,12 +23,12 @@ import torch
 from fx_assets.core import metrics as M
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.trainers.common import (
+    EarlyStopping,
     FoldData,
     GraphRunner,
     TrainConfig,
     TrainResult,
     evaluate_positions,
-    is_better,
     make_generator,
     make_optimizer,
     mlp_layers,
@@ -134,9 +134,7 @@ def train_mlp(
             batch_no.add_(1)
 
         runner = GraphRunner(full_step, dev, graphed)
-        best_val, best_epoch, bad_epochs = math.nan, -1, 0
-        best_state = state_to_cpu(model)
-        best_out: tuple[Any, ...] | None = None
+        stopper = EarlyStopping(metric, cfg.patience, model)
         history: list[dict[str, float]] = []
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
@@ -164,17 +162,9 @@ def train_mlp(
                 epoch_seconds=time.perf_counter() - t0,
             )
             history.append(m)
-            if is_better(metric, sel, best_val):
-                best_val, best_epoch, bad_epochs = sel, epoch, 0
-                best_state = state_to_cpu(model)
-                best_out = (m, pos, ret, eq)
-            else:
-                bad_epochs += 1
-                if bad_epochs >= cfg.patience:
-                    break
-        if best_out is None:  # the metric was NaN every epoch (e.g. single-class validation)
-            best_epoch, best_out = len(history) - 1, (history[-1], pos, ret, eq)
-            best_state = state_to_cpu(model)
+            if stopper.update(epoch, sel, model, (m, pos, ret, eq)):
+                break
+        best_epoch, best_state, best_out = stopper.finish()
         last_state = state_to_cpu(model)
 
     m, pos, ret, eq = best_out
