@@ -123,6 +123,7 @@ def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
     from fx_assets.core.stages import (
         BookSource,
         active_trades,
+        ofi_warmup_start,
         quarter_bar_features,
         quarter_bars,
         quarter_ofi,
@@ -182,10 +183,12 @@ def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
         kw: dict[str, Any] = {}
         if has_prev and prev_tr is not None and prev_bk is not None:
             prev_cal = roll_calendar_from_table(read_table(lay.stage("roll_calendar", prev)))
+            prev_book = BookSource(prev_bk.path, prev_cal)
+            start = ofi_warmup_start(prev_bars, prev_book, ofi_core.OfiConfig())
             kw = {
                 "prev_bars": prev_bars,
-                "prev_trades": active_trades(prev_tr.path, prev_cal),
-                "prev_book": BookSource(prev_bk.path, prev_cal),
+                "prev_trades": active_trades(prev_tr.path, prev_cal, after_ts=start),
+                "prev_book": prev_book,
             }
         t = lap("ofi_prev_quarter_inputs", t)
         ofi = quarter_ofi(
@@ -554,7 +557,7 @@ def run() -> dict[str, Any]:
             "heavy_market": HEAVY_MARKET[1],
             "quarter": q,
             "stage_configs": "BarConfig(), BarFeatureConfig(), OfiConfig() defaults (volume bars of 100 contracts)",
-            "book_chunk": "stages.DEFAULT_BOOK_CHUNK (2,000,000 book events)",
+            "book_chunk": "stages.DEFAULT_BOOK_CHUNK (500,000 book events (plus trades / 8))",
             "sidecar_chunk_bytes": "sidecar.DEFAULT_CHUNK_BYTES (1 MiB)",
             "roots": "1, 3, 9 quarter roots are symlinks to the last quarters of the 9-quarter market; "
             "sidecars shared; the previous quarter's roll calendar and bars are written by an untimed "

@@ -13,6 +13,7 @@ records, one zstd frame.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -727,3 +728,159 @@ def test_fxcache_columns(market: Market, qi: int) -> None:
     for j, got, got_direct in zip(probe, mid2[probe], direct, strict=True):
         want = scan_mid(o.book, int(b.ts_open[j]), int(b.instrument_id[j]))
         assert same(np.array([got, got_direct]), np.array([want, want])), f"bar {j}: mid_open {got} != {want}"
+
+
+# --- 7. stage kernels against their numpy definitions -------------------------------------------
+
+
+@pytest.mark.parametrize("qi", [0, 1])
+def test_active_trades_equal_the_numpy_definition(market: Market, qi: int) -> None:
+    o = market.outs[qi]
+    c = sidecar_columns(o.trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side"])
+    sess = session_day(c["ts_recv"])
+    active, known = o.calendar.active_instrument(sess)
+    keep = known & (c["instrument_id"] == active) & (c["price"] != UNDEF_PRICE) & (c["price"] > 0)
+    keep &= c["size"] > 0
+    t = st.active_trades(o.trades_sidecar, o.calendar)
+    want = {
+        "ts": c["ts_recv"][keep],
+        "price": px_to_float(c["price"][keep]),
+        "size": c["size"][keep].astype(np.float64),
+        "sign": np.select([c["side"][keep] == ord("B"), c["side"][keep] == ord("A")], [1, -1], 0).astype(
+            np.int8
+        ),
+        "session": sess[keep],
+        "instrument_id": c["instrument_id"][keep].astype(np.uint32),
+    }
+    assert 0 < len(t) < c["ts_recv"].size and t.n_source == c["ts_recv"].size
+    for name, col in want.items():
+        got = getattr(t, name)
+        assert got.dtype == col.dtype and same(got, col), f"active_trades.{name}"
+
+
+@pytest.mark.parametrize("qi", [1, 2])
+def test_roll_calendar_from_sidecars_equals_compute_roll_calendar(market: Market, qi: int) -> None:
+    """The per-(session, contract) volume pass gives the calendar of the trades themselves: this
+    quarter's trades plus the previous quarter's last session, as one array."""
+    cur, prev = market.outs[qi], market.outs[qi - 1]
+    names = ["ts_recv", "instrument_id", "size"]
+    c, p = sidecar_columns(cur.trades_sidecar, names), sidecar_columns(prev.trades_sidecar, names)
+    s_c, s_p = session_day(c["ts_recv"]), session_day(p["ts_recv"])
+    first = int(s_c[s_c >= 0].min())
+    take = s_p == int(s_p[(s_p >= 0) & (s_p < first)].max())
+    ref = compute_roll_calendar(
+        np.concatenate([s_p[take], s_c]),
+        np.concatenate([p["instrument_id"][take], c["instrument_id"]]),
+        np.concatenate([p["size"][take], c["size"]]),
+        list(read_symbol_map(cur.trades_sidecar)) + list(read_symbol_map(prev.trades_sidecar)),
+    )
+    got = st.quarter_roll_calendar(cur.trades_sidecar, prev.trades_sidecar)
+    assert calendar_rows(got) == [r for r in calendar_rows(ref) if r[0] >= first]
+    assert got.events == tuple(e for e in ref.events if e.session_day >= first)
+
+
+@pytest.mark.parametrize("levels", [10, 5])
+def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> None:
+    """``_book_rows`` over record ranges of two quarters (each cut in pieces) gives the numpy
+    reference's rows, in order, the first ``levels`` levels, prices as ``px_to_float``."""
+    parts, refs = [], []
+    for o in market.outs[:2]:
+        c = sidecar_columns(o.book.path)
+        n = c["ts_recv"].size
+        cuts = [0, n // 3, n // 3, 2 * n // 3 + 7, n]  # an empty range too
+        parts += [(o.book, c, lo, hi) for lo, hi in itertools.pairwise(cuts)]
+        refs.append(reference_book(o.book.path, o.calendar))
+    got = st._book_rows(parts, levels, TICK_UNITS)
+    assert same(got.ts, _cat([r.ts for r in refs]))
+    for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
+        m = getattr(got, name)
+        assert m.shape == (got.ts.size, levels) and m.flags.c_contiguous and m.dtype == np.float64
+        assert same(m, _cat([getattr(r, name)[:, :levels] for r in refs])), name
+    empty = st._book_rows([], levels)
+    assert empty.ts.shape == (0,) and empty.bid_px.shape == (0, levels)
+
+
+def test_off_grid_error_names_the_first_bad_price_column_by_column(market: Market, tmp_path: Path) -> None:
+    """Several off-grid prices: the error names the first in column order (bid levels, then ask
+    levels), then record order, with its record number and ts_recv, as a column-by-column check
+    over the kept rows would."""
+    o = market.outs[0]
+    c = sidecar_columns(o.book.path)
+    sess = session_day(c["ts_recv"])
+    active, known = o.calendar.active_instrument(sess)
+    kept = np.flatnonzero(known & (c["instrument_id"] == active))
+    ok = kept[(c["bid_px_07"][kept] != UNDEF_PRICE) & (c["ask_px_03"][kept] != UNDEF_PRICE)]
+    r_ask, r_bid_late, r_bid = int(ok[10]), int(ok[-20]), int(ok[len(ok) // 2])
+    foreign = int(np.flatnonzero(~(known & (c["instrument_id"] == active)))[0])
+
+    def edit(rec: np.ndarray) -> np.ndarray:
+        r = rec.copy()
+        r["ask_px_03"][r_ask] += TICK_UNITS // 5  # earlier record, later column
+        r["bid_px_07"][[r_bid, r_bid_late]] += TICK_UNITS // 2
+        r["bid_px_00"][foreign] += 1  # not the active contract's: never checked
+        return r
+
+    raw = rewrite_dbn(market.book[0], tmp_path / "mbp10.dbn.zst", edit)
+    path = ensure_sidecar(raw, tmp_path / "sc").path
+    cols = sidecar_columns(path)
+    n = cols["ts_recv"].size
+    bad_px = int(cols["bid_px_07"][r_bid])
+    want = (
+        f"{path}: bid_px_07 = {bad_px * 1e-9!r} at record {r_bid} (ts_recv {int(cols['ts_recv'][r_bid])}) "
+        "is off the 0.25 tick grid (OfiConfig.tick_size)"
+    )
+    with pytest.raises(FxDataError) as err:
+        st._book_rows([(st.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS, TICK_UNITS)
+    assert str(err.value) == want
+    # Without that record in range, the ask column's record is the first.
+    with pytest.raises(FxDataError, match=rf"ask_px_03 = .* at record {r_ask} "):
+        st._book_rows([(st.BookSource(path, o.calendar), cols, 0, r_bid)], N_LEVELS, TICK_UNITS)
+    # tick_units 0: no check
+    assert st._book_rows([(st.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS).ts.size == kept.size
+
+
+@pytest.mark.parametrize("ofi_cfg", [DEFAULT.ofi, SMALL_OFI], ids=["default-ofi", "small-ofi"])
+@pytest.mark.parametrize("qi", [1, 2])
+def test_previous_quarter_tail_is_enough_for_the_ofi_warmup(
+    market: Market, monkeypatch: pytest.MonkeyPatch, qi: int, ofi_cfg: ofi_core.OfiConfig
+) -> None:
+    """``quarter_ofi`` with the previous quarter's trades loaded only after
+    ``ofi_warmup_start`` equals the run with all of them; the first replayed bar is the one the
+    whole-book scan gives; trades loaded from too late are refused."""
+    o, p = market.outs[qi], market.outs[qi - 1]
+    cols = sidecar_columns(p.book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
+    has = st._has_valid_snapshot([(p.book, cols)], p.bars.ts_close)
+    j0 = len(p.bars) - ofi_core.ofi_warmup_bars(p.bars.volume, ofi_cfg)
+    k = st._replay_start(j0, has, p.bars.instrument_id)
+    start = st.ofi_warmup_start(p.bars, p.book, ofi_cfg)
+    assert k > 0 and start == int(p.bars.ts_close[k - 1])
+    for w in (1, 2):  # the scanned window grows until the walk back stops inside it
+        monkeypatch.setattr(st, "_WARMUP_SCAN_BARS", w)
+        assert st.ofi_warmup_start(p.bars, p.book, ofi_cfg) == start
+    monkeypatch.undo()
+    tail = st.active_trades(p.trades_sidecar, p.calendar, after_ts=start)
+    assert 0 < len(tail) < len(p.trades) and tail.after_ts == start
+    cut = int(np.searchsorted(p.trades.ts, start, side="right"))
+    assert same(tail.ts, p.trades.ts[cut:]) and same(tail.price, p.trades.price[cut:])
+    whole = st.quarter_ofi(
+        o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=p.trades, prev_book=p.book
+    )
+    for chunk in (st.DEFAULT_BOOK_CHUNK, 3000):
+        part = st.quarter_ofi(
+            o.bars,
+            o.trades,
+            o.book,
+            ofi_cfg,
+            prev_bars=p.bars,
+            prev_trades=tail,
+            prev_book=p.book,
+            book_chunk=chunk,
+        )
+        assert same(part.ts_close, whole.ts_close) and same(part.bars_since_reset, whole.bars_since_reset)
+        for name, col in whole.columns.items():
+            assert max_diff(part.columns[name], col, f"{o.label} OFI {name}") <= TOL
+    late = st.active_trades(p.trades_sidecar, p.calendar, after_ts=start + 1)
+    with pytest.raises(FxDataError, match="warm-up needs them after"):
+        st.quarter_ofi(
+            o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=late, prev_book=p.book
+        )

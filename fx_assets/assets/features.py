@@ -25,6 +25,7 @@ from fx_assets.core.stages import (
     BookSource,
     active_trades,
     assemble_fxcache_columns,
+    ofi_warmup_start,
     quarter_bar_features,
     quarter_bars,
     quarter_ofi,
@@ -205,7 +206,16 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         kw: dict = {}
         pq = previous_quarter(part.quarter)
         if io.has_raw("trades", pq) and io.has_raw("mbp-10", pq):
-            kw = {"prev_bars": _load_bars(io, pq), "prev_trades": _active(io, pq), "prev_book": _book(io, pq)}
+            prev_bars, prev_book = _load_bars(io, pq), _book(io, pq)
+            # Only the previous quarter's tail is replayed: load its trades from the warm-up start.
+            start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
+            kw = {
+                "prev_bars": prev_bars,
+                "prev_trades": active_trades(
+                    io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start
+                ),
+                "prev_book": prev_book,
+            }
         feats = _guard(
             part,
             lambda: quarter_ofi(

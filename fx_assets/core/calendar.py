@@ -8,6 +8,14 @@ calendar day it ends on and is represented as an int32 count of days since 1970-
 
 All functions are vectorised over int64 UNIX-nanosecond arrays; DST is taken from the IANA
 database through ``zoneinfo`` (transition instants are tabulated once per year range).
+
+``session_day`` is on every hot path (roll calendar, active trades, every book chunk), so it
+does not convert to local time per record: a session is one UTC interval [open, close) (its
+ends are at 16:00/17:00 local, never inside a DST change), and each timestamp is looked up
+in the sorted, cached array of those boundaries (``session_table``) by a numba kernel that
+walks forward from the previous record's interval (records are nearly sorted) and falls back
+to a binary search. Numba kernels that select records by session (``fx_assets.core.stages``)
+use the same table and ``interval_of``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 CHICAGO = ZoneInfo("America/Chicago")
 NS_PER_SECOND = 1_000_000_000
@@ -102,12 +111,9 @@ def local_to_utc_ns(local_ns: I64) -> I64:
     return local_ns - utc_offset_ns(guess)
 
 
-def session_day(ts_ns: I64) -> I32:
-    """Session (days since epoch of the day it ends) of each UTC instant; -1 in the halt/weekend.
-
-    A timestamp at or after 17:00 local belongs to the next day's session; one before 16:00 to
-    today's; 16:00-17:00 is the daily halt. Sessions end Monday to Friday only.
-    """
+def _session_day_local(ts_ns: I64) -> I32:
+    """Reference definition of ``session_day`` through local wall-clock time (slow: int64
+    temporaries per record); kept for the tests that check ``session_day`` against it."""
     local = to_local_ns(np.asarray(ts_ns, dtype=np.int64))
     day = local // NS_PER_DAY
     tod = local - day * NS_PER_DAY
@@ -116,6 +122,98 @@ def session_day(ts_ns: I64) -> I32:
     weekday = (sess + 3) % 7  # 1970-01-01 was a Thursday -> Monday == 0
     valid = (~in_halt) & (weekday < 5)
     return np.where(valid, sess, -1).astype(np.int32)
+
+
+@lru_cache(maxsize=16)
+def _session_table_years(year_lo: int, year_hi: int) -> tuple[I64, I32]:
+    # A week of margin on each side: a timestamp late on 31 December belongs to a session
+    # ending in the next year, and the lookup must see the sessions around every timestamp.
+    days = sessions_between(dt.date(year_lo - 1, 12, 24), dt.date(year_hi + 1, 1, 8))
+    opens, closes = session_bounds_utc(days)
+    bounds = np.empty(2 * days.shape[0], dtype=np.int64)
+    bounds[0::2] = opens
+    bounds[1::2] = closes
+    if np.any(np.diff(bounds) <= 0):  # an invariant of the calendar, not of the data
+        raise AssertionError("session boundaries are not strictly increasing")
+    bounds.flags.writeable = False
+    days.flags.writeable = False
+    return bounds, days
+
+
+def session_table(ts_lo: int, ts_hi: int) -> tuple[I64, I32]:
+    """Sessions around the UTC instants ``[ts_lo, ts_hi]`` (ns), as a lookup table.
+
+    Returns ``bounds`` (int64 ns, strictly increasing: ``bounds[2k]`` is the open, inclusive,
+    and ``bounds[2k + 1]`` the close, exclusive, of session ``days[k]``) and ``days`` (int32
+    session days). An instant ``t`` with ``k = interval_of(bounds, t, ·)`` is in session
+    ``days[(k - 1) // 2]`` when ``k`` is odd, else in a halt or weekend. Cached per year range.
+    """
+    y0, y1 = _year_range(np.array([ts_lo, ts_hi], dtype=np.int64))
+    return _session_table_years(y0, y1)
+
+
+@njit(cache=True, inline="always")
+def interval_of(bounds: I64, t: int, k: int) -> int:
+    """``searchsorted(bounds, t, side="right")``, trying ``k`` (the previous answer) and
+    ``k + 1`` first: consecutive records are nearly always in the same or the next interval."""
+    m = bounds.shape[0]
+    if (k == 0 or bounds[k - 1] <= t) and (k == m or t < bounds[k]):
+        return k
+    if k < m and bounds[k] <= t and (k + 1 == m or t < bounds[k + 1]):
+        return k + 1
+    lo = 0
+    hi = m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if bounds[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _session_day_nb(ts: I64, bounds: I64, days: I32, out: I32) -> None:
+    k = 0
+    for i in range(ts.shape[0]):
+        k = interval_of(bounds, ts[i], k)
+        out[i] = days[(k - 1) >> 1] if k & 1 else -1
+
+
+@njit(cache=True, nogil=True)
+def _range_nb(ts: I64) -> tuple[int, int]:
+    lo = ts[0]
+    hi = ts[0]
+    for i in range(1, ts.shape[0]):
+        t = ts[i]
+        if t < lo:
+            lo = t
+        elif t > hi:
+            hi = t
+    return lo, hi
+
+
+def ts_range(ts_ns: I64) -> tuple[int, int]:
+    """(min, max) of a non-empty 1-D int64 array in one pass (numpy's min and max take two)."""
+    lo, hi = _range_nb(ts_ns)
+    return int(lo), int(hi)
+
+
+def session_day(ts_ns: npt.ArrayLike) -> I32:
+    """Session (days since epoch of the day it ends) of each UTC instant; -1 in the halt/weekend.
+
+    A timestamp at or after 17:00 local belongs to the next day's session; one before 16:00 to
+    today's; 16:00-17:00 is the daily halt. Sessions end Monday to Friday only. One pass, no
+    temporaries beyond the int32 result (see the module docstring).
+    """
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    out = np.empty(ts.shape, dtype=np.int32)
+    if ts.size == 0:
+        return out
+    flat = ts.reshape(-1)
+    bounds, days = session_table(*ts_range(flat))
+    _session_day_nb(flat, bounds, days, out.reshape(-1))
+    return out
 
 
 def session_bounds_utc(sessions: I32) -> tuple[I64, I64]:

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from numba import njit
 
+from fx_assets.core.calendar import interval_of
 from fx_assets.core.contracts import expiry_of, is_spread
 from fx_assets.core.dbn import SymbolInterval
 from fx_assets.core.errors import FxDataError
@@ -172,6 +174,100 @@ def compute_roll_calendar(
     return _roll_calendar([part], symbol_map, confirm_sessions)
 
 
+@njit(cache=True, nogil=True)
+def _session_volume_nb(
+    ts: npt.NDArray[np.int64],
+    iid: npt.NDArray[np.uint32],
+    size: npt.NDArray[np.uint32],
+    bounds: npt.NDArray[np.int64],
+    ids: npt.NDArray[np.int64],
+    vol: npt.NDArray[np.float64],
+    cnt: npt.NDArray[np.int64],
+    start: int,
+) -> int:
+    """Add each trade's size / count to ``[session, id]`` (rows: the sessions of ``bounds``,
+    see ``calendar.session_table``; columns: sorted ``ids``); halts and weekends skipped.
+    Returns the record where an id not in ``ids`` stops the pass (its length when done)."""
+    k = 0
+    last_id = -1
+    col = -1
+    row = -1
+    # Sums for the current (row, col) are kept in registers and flushed when it changes:
+    # consecutive trades nearly always share it, and a read-modify-write of the same array
+    # cell per trade would stall on the store.
+    acc_v = 0.0
+    acc_n = 0
+    for i in range(start, ts.shape[0]):
+        k = interval_of(bounds, ts[i], k)
+        if not k & 1:
+            continue
+        x = int(iid[i])
+        r = (k - 1) >> 1
+        if x != last_id or r != row:
+            if x != last_id:
+                lo = 0
+                hi = ids.shape[0]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if ids[mid] < x:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo == ids.shape[0] or ids[lo] != x:
+                    if acc_n:
+                        vol[row, col] += acc_v
+                        cnt[row, col] += acc_n
+                    return i
+                new_col = lo
+            else:
+                new_col = col
+            if acc_n:
+                vol[row, col] += acc_v
+                cnt[row, col] += acc_n
+            last_id = x
+            col = new_col
+            row = r
+            acc_v = 0.0
+            acc_n = 0
+        acc_v += size[i]  # exact: integer sizes, float64 sums below 2**53
+        acc_n += 1
+    if acc_n:
+        vol[row, col] += acc_v
+        cnt[row, col] += acc_n
+    return ts.shape[0]
+
+
+def _sidecar_session_volume(
+    path: Path | str, ids: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint32], npt.NDArray[np.float64]]:
+    """Traded volume per (session, instrument) of a trades sidecar with at least one trade:
+    one numba pass over the memory-mapped columns, no per-trade temporaries (``session_day``
+    is never materialised). Rows in (session, id) order."""
+    from fx_assets.core.calendar import session_table, ts_range
+    from fx_assets.core.sidecar import sidecar_columns
+
+    cols = sidecar_columns(path, ["ts_recv", "instrument_id", "size"])
+    ts = cols["ts_recv"]
+    if ts.size == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.uint32), np.zeros(0, np.float64)
+    bounds, days = session_table(*ts_range(ts))
+    vol = np.zeros((days.shape[0], ids.shape[0]), dtype=np.float64)
+    cnt = np.zeros((days.shape[0], ids.shape[0]), dtype=np.int64)
+    pos = 0
+    while True:
+        pos = _session_volume_nb(ts, cols["instrument_id"], cols["size"], bounds, ids, vol, cnt, pos)
+        if pos >= ts.shape[0]:
+            break
+        # an id the symbology does not know (normally none): add its column and go on
+        new_id = int(cols["instrument_id"][pos])
+        j = int(np.searchsorted(ids, new_id))
+        ids = np.insert(ids, j, new_id)
+        vol = np.insert(vol, j, 0.0, axis=1)
+        cnt = np.insert(cnt, j, 0, axis=1)
+    r, c = np.nonzero(cnt)
+    return days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]
+
+
 def roll_calendar_from_sidecars(
     trades_sidecar: Path | str, prev_trades_sidecar: Path | str | None = None, *, confirm_sessions: int = 1
 ) -> RollCalendar:
@@ -179,29 +275,28 @@ def roll_calendar_from_sidecars(
     quarter's sidecar (when given) decides the first session's active contract.
 
     Rows are kept for this quarter's sessions only (a roll on its first session keeps its flag
-    and event). The previous quarter contributes only its last session's volume, and the
-    arrays are passed as parts, never concatenated (a quarter is ~1e8 trades).
+    and event). The previous quarter contributes only its last session's volume. Each sidecar
+    is reduced to its volume per (session, instrument) in one pass (``_sidecar_session_volume``);
+    the rule only needs those sums and whether a pair traded at all, so the result is the
+    one ``compute_roll_calendar`` gives on the trades themselves.
     """
-    from fx_assets.core.calendar import session_day
-    from fx_assets.core.sidecar import read_symbol_map, sidecar_columns
+    from fx_assets.core.sidecar import read_symbol_map
 
-    names = ["ts_recv", "instrument_id", "size"]
-    cur = sidecar_columns(trades_sidecar, names)
-    cur_sess = session_day(cur["ts_recv"])
-    parts = [(cur_sess, cur["instrument_id"], cur["size"])]
     symbols = list(read_symbol_map(trades_sidecar))
-    valid = cur_sess[cur_sess >= 0]
-    if valid.size == 0:
+    prev_symbols = list(read_symbol_map(prev_trades_sidecar)) if prev_trades_sidecar is not None else []
+    ids = np.array(sorted({int(m.instrument_id) for m in symbols + prev_symbols}), dtype=np.int64)
+    cur = _sidecar_session_volume(trades_sidecar, ids)
+    parts = [cur]
+    if cur[0].size == 0:
         return _roll_calendar(parts, symbols, confirm_sessions)
-    first = int(valid.min())
+    first = int(cur[0].min())
     if prev_trades_sidecar is not None:
-        prev = sidecar_columns(prev_trades_sidecar, names)
-        p_sess = session_day(prev["ts_recv"])
-        earlier = p_sess[(p_sess >= 0) & (p_sess < first)]
+        p_sess, p_iid, p_vol = _sidecar_session_volume(prev_trades_sidecar, ids)
+        earlier = p_sess[p_sess < first]
         if earlier.size:
             take = p_sess == int(earlier.max())
-            parts.insert(0, (p_sess[take], prev["instrument_id"][take], prev["size"][take]))
-            symbols += list(read_symbol_map(prev_trades_sidecar))
+            parts.insert(0, (p_sess[take], p_iid[take], p_vol[take]))
+            symbols += prev_symbols
     cal = _roll_calendar(parts, symbols, confirm_sessions)
     keep = cal.session_day >= first
     return RollCalendar(

@@ -17,6 +17,13 @@ The kernels themselves live in :mod:`bars`, :mod:`bar_features` and :mod:`ofi`.
   enough earlier bars to rebuild every rolling state (at least ``ofi_warmup_bars``, and back to
   a bar whose window holds a valid snapshot, which carries the book state), which gives the
   sequential numbers, so peak memory is set by the chunk, not the quarter.
+
+The record-level passes are numba kernels over the memory-mapped sidecar columns that look
+each ``ts_recv`` up in the session boundary table (``calendar.session_table``) and the roll
+calendar's active contract per session, so no per-record session / mask / index array of a
+whole quarter is built: ``active_trades`` writes only its outputs, a book chunk is written
+straight into its [n, levels] matrices (reused from chunk to chunk), and of the previous
+quarter only the warm-up tail is read (``ofi_warmup_start``).
 """
 
 from __future__ import annotations
@@ -30,20 +37,29 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from numba import njit
 
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.atomic import atomic_path
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
-from fx_assets.core.calendar import session_day
-from fx_assets.core.dbn import UNDEF_PRICE, aggressor_sign, px_to_float
+from fx_assets.core.calendar import interval_of, session_day, session_table, ts_range
+from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE, px_to_float
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
 
 N_LEVELS = 10
 F64 = npt.NDArray[np.float64]
-DEFAULT_BOOK_CHUNK = 2_000_000
+I64 = npt.NDArray[np.int64]
+DEFAULT_BOOK_CHUNK = 500_000
+# A trade costs the OFI pass about 1/8 of a book event's memory (~50 B: its slice and the
+# kernel's cumulative sums, against ~500 B for ten levels of six float64 matrices), so a chunk
+# holds about ``book_chunk`` book events + trades / TRADE_WEIGHT: a quarter with a thin book
+# is still cut into bounded chunks.
+TRADE_WEIGHT = 8
+_SIDE_BUY = ord("B")
+_SIDE_SELL = ord("A")
 
 
 # --- Arrow files ------------------------------------------------------------------------------
@@ -102,7 +118,10 @@ def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
 
 @dataclass(frozen=True)
 class ActiveTrades:
-    """Trades of the active contract, ``ts_recv`` order; prices in index points."""
+    """Trades of the active contract, ``ts_recv`` order; prices in index points.
+
+    ``after_ts``: when set, only the trades with ``ts_recv > after_ts`` were loaded (a previous
+    quarter's warm-up tail, see :func:`ofi_warmup_start`); ``n_source`` counts the file."""
 
     ts: npt.NDArray[np.int64]
     price: npt.NDArray[np.float64]
@@ -111,28 +130,123 @@ class ActiveTrades:
     session: npt.NDArray[np.int32]
     instrument_id: npt.NDArray[np.uint32]
     n_source: int
+    after_ts: int | None = None
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
 
-def active_trades(trades_sidecar: Path, calendar: RollCalendar) -> ActiveTrades:
-    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+def _active_table(
+    calendar: RollCalendar, ts: npt.NDArray[np.int64]
+) -> tuple[I64, I64, npt.NDArray[np.int32]]:
+    """Session lookup table around ``ts`` (see ``calendar.session_table``) and, per session, the
+    active instrument id (-1 where the roll calendar has no row: nothing is active)."""
+    if ts.size == 0:
+        bounds, days = session_table(0, 0)
+    else:
+        bounds, days = session_table(*ts_range(ts))
+    iid, known = calendar.active_instrument(days)
+    return bounds, np.where(known, iid.astype(np.int64), -1), days
+
+
+@njit(cache=True, inline="always")
+def _active_at(bounds: I64, act: I64, t: int, iid: int, k: int) -> tuple[bool, int]:
+    """(is ``iid`` the active contract at ``t``, interval index of ``t`` for the next call)."""
+    k = interval_of(bounds, t, k)
+    if k & 1:
+        a = act[(k - 1) >> 1]
+        return a >= 0 and iid == a, k
+    return False, k
+
+
+@njit(cache=True, nogil=True)
+def _active_trades_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    bounds: I64,
+    act: I64,
+    days: npt.NDArray[np.int32],
+    after: int,
+) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32], bool]:
+    # Pass 1 marks the kept trades (1 byte each), pass 2 writes them: no index array and no
+    # full-length int64 / float64 temporaries. (Threads do not help here: the passes are
+    # bound by memory and by faulting in the outputs.)
+    n = ts.shape[0]
+    keep = np.zeros(n, np.bool_)
+    cnt = 0
+    k = 0
+    for i in range(n):
+        if ts[i] <= after:
+            continue
+        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+        p = price[i]
+        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+            keep[i] = True
+            cnt += 1
+    o_ts = np.empty(cnt, np.int64)
+    o_px = np.empty(cnt, np.float64)
+    o_sz = np.empty(cnt, np.float64)
+    o_sg = np.empty(cnt, np.int8)
+    o_ss = np.empty(cnt, np.int32)
+    o_id = np.empty(cnt, np.uint32)
+    j = 0
+    k = 0
+    ordered = True
+    for i in range(n):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j and t < o_ts[j - 1]:
+            ordered = False
+        k = interval_of(bounds, t, k)
+        o_ts[j] = t
+        o_px[j] = price[i] / PRICE_DIVISOR  # as dbn.px_to_float (price is defined here)
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        o_ss[j] = days[(k - 1) >> 1]
+        o_id[j] = iid[i]
+        j += 1
+    return o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered
+
+
+def active_trades(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> ActiveTrades:
+    """Trades of each session's active contract with a defined positive price and size (and,
+    with ``after_ts``, ``ts_recv > after_ts`` only: a previous quarter's OFI warm-up tail).
+
+    One numba pass over the memory-mapped sidecar columns (session lookup, roll calendar,
+    filters) and one writing the kept trades: the only allocations are the outputs.
+    """
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side"])
     ts = cols["ts_recv"]
-    sess = session_day(ts)
-    mask = active_mask(sess, cols["instrument_id"], calendar)
-    mask &= (cols["price"] != UNDEF_PRICE) & (cols["price"] > 0) & (cols["size"] > 0)
-    idx = np.flatnonzero(mask)
-    if idx.size and np.any(np.diff(ts[idx]) < 0):
+    bounds, act, days = _active_table(calendar, ts)
+    o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_trades_nb(
+        ts,
+        cols["instrument_id"],
+        cols["price"],
+        cols["size"],
+        cols["side"],
+        bounds,
+        act,
+        days,
+        np.iinfo(np.int64).min if after_ts is None else int(after_ts),
+    )
+    if not ordered:
         raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
     return ActiveTrades(
-        ts=ts[idx],
-        price=px_to_float(cols["price"][idx]),
-        size=cols["size"][idx].astype(np.float64),
-        sign=aggressor_sign(cols["side"][idx]),
-        session=sess[idx],
-        instrument_id=cols["instrument_id"][idx].astype(np.uint32),
+        ts=o_ts,
+        price=o_px,
+        size=o_sz,
+        sign=o_sg,
+        session=o_ss,
+        instrument_id=o_id,
         n_source=int(ts.shape[0]),
+        after_ts=after_ts,
     )
 
 
@@ -173,56 +287,174 @@ class BookSource:
     calendar: RollCalendar
 
 
+_BOOK_FIELDS = ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")
+
+
+def _book_columns(levels: int) -> list[str]:
+    """The MBP-10 sidecar columns the OFI pass reads: levels ``0 .. levels-1`` only."""
+    return ["ts_recv", "instrument_id"] + [f"{f}_{i:02d}" for f in _BOOK_FIELDS for i in range(levels)]
+
+
+@njit(cache=True, nogil=True)
+def _select_active_nb(
+    ts: I64, iid: npt.NDArray[np.uint32], bounds: I64, act: I64, lo: int, hi: int, out: I64
+) -> int:
+    """Record numbers in ``[lo, hi)`` of the session's active contract, into ``out``; count."""
+    n = 0
+    k = 0
+    for i in range(lo, hi):
+        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+        if ok:
+            out[n] = i
+            n += 1
+    return n
+
+
+_GATHER_BLOCK = 4096  # rows per block: every column's slice of a block stays in cache
+
+
+@njit(cache=True, nogil=True)
+def _gather_book_nb(
+    idx: I64,
+    ts: I64,
+    bid_px: tuple[np.ndarray, ...],
+    ask_px: tuple[np.ndarray, ...],
+    bid_sz: tuple[np.ndarray, ...],
+    ask_sz: tuple[np.ndarray, ...],
+    bid_ct: tuple[np.ndarray, ...],
+    ask_ct: tuple[np.ndarray, ...],
+    tick_units: int,
+    row0: int,
+    o_ts: I64,
+    o_bpx: F64,
+    o_apx: F64,
+    o_bsz: F64,
+    o_asz: F64,
+    o_bct: F64,
+    o_act: F64,
+) -> tuple[int, int]:
+    """Rows ``idx`` of the level columns into rows ``row0 ..`` of the [n, levels] matrices.
+
+    Prices as ``dbn.px_to_float`` (int / 1e9, UNDEF_PRICE -> NaN). With ``tick_units`` > 0,
+    returns the first defined price off the grid as (column rank, position in ``idx``) in the
+    order a column-by-column check finds it (bid levels 0.., then ask levels 0.., then record
+    order); (-1, -1) if none. One thread: the copy is memory-bound (two threads measured
+    slower on the 2-core machine).
+    """
+    n = idx.shape[0]
+    levels = len(bid_px)
+    n_blocks = (n + _GATHER_BLOCK - 1) // _GATHER_BLOCK
+    big = 2 * levels  # above every rank
+    bad_rank = np.full(n_blocks, big, np.int64)
+    bad_pos = np.zeros(n_blocks, np.int64)
+    for blk in range(n_blocks):
+        b0 = blk * _GATHER_BLOCK
+        b1 = min(b0 + _GATHER_BLOCK, n)
+        for r in range(b0, b1):
+            o_ts[row0 + r] = ts[idx[r]]
+        for lvl in range(levels):
+            for side in range(2):
+                col = bid_px[lvl] if side == 0 else ask_px[lvl]
+                out = o_bpx if side == 0 else o_apx
+                rank = side * levels + lvl
+                for r in range(b0, b1):
+                    v = col[idx[r]]
+                    if v == UNDEF_PRICE:
+                        out[row0 + r, lvl] = np.nan
+                    else:
+                        out[row0 + r, lvl] = v / PRICE_DIVISOR
+                        if tick_units > 0 and v % tick_units != 0 and rank < bad_rank[blk]:
+                            bad_rank[blk] = rank  # rows ascend within a block: the first is kept
+                            bad_pos[blk] = r
+            c1 = bid_sz[lvl]
+            c2 = ask_sz[lvl]
+            c3 = bid_ct[lvl]
+            c4 = ask_ct[lvl]
+            for r in range(b0, b1):
+                i = idx[r]
+                o_bsz[row0 + r, lvl] = c1[i]
+                o_asz[row0 + r, lvl] = c2[i]
+                o_bct[row0 + r, lvl] = c3[i]
+                o_act[row0 + r, lvl] = c4[i]
+    best_rank = big
+    best_pos = -1
+    for blk in range(n_blocks):  # blocks in row order: lowest rank, then earliest row
+        if bad_rank[blk] < best_rank:
+            best_rank = bad_rank[blk]
+            best_pos = bad_pos[blk]
+    if best_rank == big:
+        return -1, -1
+    return best_rank, best_pos
+
+
+class _BookBuffers:
+    """Output matrices reused from one OFI chunk to the next: a fresh 100-MB-class allocation
+    per chunk would page-fault every page again (a chunk's ``BookArrays`` are views into
+    these, dead before the next chunk is built)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.levels = 0
+        self.ts = np.empty(0, np.int64)
+        self.mats: list[F64] = []
+
+    def take(self, n: int, levels: int) -> tuple[I64, list[F64]]:
+        if n > self.rows or levels != self.levels:
+            cap = max(n, int(self.rows * 1.25)) if levels == self.levels else n
+            self.ts = np.empty(cap, np.int64)
+            self.mats = [np.empty((cap, levels), np.float64) for _ in _BOOK_FIELDS]
+            self.rows, self.levels = cap, levels
+        return self.ts[:n], [m[:n] for m in self.mats]
+
+
 def _book_rows(
-    src: BookSource, cols: dict[str, np.ndarray], lo: int, hi: int, tick_units: int = 0
+    parts: Sequence[tuple[BookSource, dict[str, np.ndarray], int, int]],
+    levels: int,
+    tick_units: int = 0,
+    buffers: _BookBuffers | None = None,
 ) -> ofi_core.BookArrays:
-    """Active-contract book rows ``[lo, hi)`` as float matrices; with ``tick_units`` > 0, a
-    defined price off the tick grid raises (naming file, column and record)."""
-    ts = cols["ts_recv"][lo:hi]
-    sess = session_day(ts)
-    keep = np.flatnonzero(active_mask(sess, cols["instrument_id"][lo:hi], src.calendar)) + lo
-
-    def mat(prefix: str, price: bool) -> np.ndarray:
-        out = np.empty((keep.size, N_LEVELS), dtype=np.float64)
-        for i in range(N_LEVELS):
-            c = cols[f"{prefix}_{i:02d}"][keep]
-            if price and tick_units > 0:
-                bad = np.flatnonzero((c != UNDEF_PRICE) & (c % tick_units != 0))
-                if bad.size:
-                    r = int(keep[bad[0]])
-                    raise FxDataError(
-                        f"{src.path}: {prefix}_{i:02d} = {int(c[bad[0]]) * 1e-9!r} at record {r} "
-                        f"(ts_recv {int(cols['ts_recv'][r])}) is off the {tick_units * 1e-9:g} tick grid "
-                        "(OfiConfig.tick_size)"
-                    )
-            out[:, i] = px_to_float(c) if price else c
-        return out
-
-    return ofi_core.BookArrays(
-        ts=cols["ts_recv"][keep],
-        bid_px=mat("bid_px", True),
-        ask_px=mat("ask_px", True),
-        bid_sz=mat("bid_sz", False),
-        ask_sz=mat("ask_sz", False),
-        bid_ct=mat("bid_ct", False),
-        ask_ct=mat("ask_ct", False),
-    )
-
-
-def _concat_book(parts: list[ofi_core.BookArrays]) -> ofi_core.BookArrays:
-    if len(parts) == 1:
-        return parts[0]
-    return ofi_core.BookArrays(
-        *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in ("ts", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")
+    """Active-contract book rows of the record ranges ``[lo, hi)`` of each source, in order, as
+    [n, ``levels``] float matrices written in place (no per-column temporaries, no second
+    concatenation copy; into ``buffers`` when given). With ``tick_units`` > 0, a defined price
+    off the tick grid raises (naming file, column, record and ts_recv)."""
+    picked: list[tuple[BookSource, dict[str, np.ndarray], I64]] = []
+    for src, c, lo, hi in parts:
+        if hi <= lo:
+            continue
+        ts = c["ts_recv"]
+        bounds, act, _ = _active_table(src.calendar, ts[lo:hi])
+        idx = np.empty(hi - lo, dtype=np.int64)
+        n = _select_active_nb(ts, c["instrument_id"], bounds, act, lo, hi, idx)
+        picked.append((src, c, idx[:n]))
+    total = sum(int(i.shape[0]) for _, _, i in picked)
+    if buffers is None:
+        o_ts = np.empty(total, dtype=np.int64)
+        mats = [np.empty((total, levels), dtype=np.float64) for _ in _BOOK_FIELDS]
+    else:
+        o_ts, mats = buffers.take(total, levels)
+    row = 0
+    for src, c, idx in picked:
+        if idx.size == 0:
+            continue
+        c_bpx, c_apx, c_bsz, c_asz, c_bct, c_act = (
+            tuple(c[f"{f}_{i:02d}"] for i in range(levels)) for f in _BOOK_FIELDS
         )
-    )
-
-
-_BOOK_COLUMNS = ["ts_recv", "instrument_id"] + [
-    f"{s}_{q}_{i:02d}" for s in ("bid", "ask") for q in ("px", "sz", "ct") for i in range(N_LEVELS)
-]
+        m_bpx, m_apx, m_bsz, m_asz, m_bct, m_act = mats
+        rank, pos = _gather_book_nb(
+            idx, c["ts_recv"], c_bpx, c_apx, c_bsz, c_asz, c_bct, c_act, tick_units, row, o_ts,
+            m_bpx, m_apx, m_bsz, m_asz, m_bct, m_act,
+        )  # fmt: skip
+        if rank >= 0:
+            side, lvl = divmod(int(rank), levels)
+            name = f"{('bid_px', 'ask_px')[side]}_{lvl:02d}"
+            r = int(idx[pos])
+            raise FxDataError(
+                f"{src.path}: {name} = {int(c[name][r]) * 1e-9!r} at record {r} "
+                f"(ts_recv {int(c['ts_recv'][r])}) is off the {tick_units * 1e-9:g} tick grid "
+                "(OfiConfig.tick_size)"
+            )
+        row += int(idx.shape[0])
+    return ofi_core.BookArrays(o_ts, *mats)
 
 
 def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
@@ -239,24 +471,109 @@ def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
     )
 
 
+@njit(cache=True, nogil=True)
+def _mark_snapshot_bars_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    bid: I64,
+    ask: I64,
+    bounds: I64,
+    act: I64,
+    ts_close: I64,
+    has: npt.NDArray[np.bool_],
+) -> None:
+    """``has[j] = True`` for the bar whose window holds each valid active snapshot: the first
+    bar with ``ts_close >= ts`` (bar 0 takes every earlier one; later than the last bar: none)."""
+    nb = ts_close.shape[0]
+    k = 0
+    j = 0
+    for i in range(ts.shape[0]):
+        b = bid[i]
+        a = ask[i]
+        if b == UNDEF_PRICE or a == UNDEF_PRICE or b <= 0 or b > a:
+            continue
+        t = ts[i]
+        ok, k = _active_at(bounds, act, t, int(iid[i]), k)
+        if not ok:
+            continue
+        # lower bound of t in ts_close, from the previous answer (the book is in ts order,
+        # so it moves forward a few bars at a time; a binary search otherwise)
+        steps = 0
+        while j < nb and ts_close[j] < t and steps < 8:
+            j += 1
+            steps += 1
+        if not ((j == 0 or ts_close[j - 1] < t) and (j == nb or ts_close[j] >= t)):
+            lo = 0
+            hi = nb
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if ts_close[mid] < t:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = lo
+        if j < nb:
+            has[j] = True
+
+
 def _has_valid_snapshot(
-    sources: list[tuple[BookSource, dict[str, np.ndarray]]], ts_close: npt.NDArray[np.int64]
+    sources: Sequence[tuple[BookSource, dict[str, np.ndarray]]],
+    ts_close: npt.NDArray[np.int64],
+    after: int | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Per bar: does its window ``(τ_{j-1}, τ_j]`` hold a valid snapshot of the active contract
     (the OFI kernel's rule: both touches present, not crossed)? Bar 0 counts every earlier
-    snapshot. Streams the book in ``DEFAULT_BOOK_CHUNK`` records."""
-    upto = np.zeros(ts_close.shape[0], dtype=np.int64)
+    snapshot (after ``after``, when given: ``_replay_start`` never looks at bar 0). One numba
+    pass over each source's memory-mapped columns (their records after ``after``)."""
+    has = np.zeros(ts_close.shape[0], dtype=np.bool_)
+    tc = np.ascontiguousarray(ts_close, dtype=np.int64)
     for src, c in sources:
-        ts = c["ts_recv"]
-        for lo in range(0, ts.shape[0], DEFAULT_BOOK_CHUNK):
-            hi = min(lo + DEFAULT_BOOK_CHUNK, ts.shape[0])
-            t = ts[lo:hi]
-            b = c["bid_px_00"][lo:hi]
-            a = c["ask_px_00"][lo:hi]
-            keep = active_mask(session_day(t), c["instrument_id"][lo:hi], src.calendar)
-            keep &= (b != UNDEF_PRICE) & (a != UNDEF_PRICE) & (b > 0) & (b <= a)
-            upto += np.searchsorted(t[keep], ts_close, side="right")
-    return np.diff(upto, prepend=0) > 0
+        lo = 0 if after is None else int(np.searchsorted(c["ts_recv"], after, side="right"))
+        ts = c["ts_recv"][lo:]
+        if ts.size == 0 or tc.size == 0:
+            continue
+        bounds, act, _ = _active_table(src.calendar, ts)
+        _mark_snapshot_bars_nb(
+            ts, c["instrument_id"][lo:], c["bid_px_00"][lo:], c["ask_px_00"][lo:], bounds, act, tc, has
+        )
+    return has
+
+
+_WARMUP_SCAN_BARS = 256  # bars before the warm-up whose book is scanned first
+
+
+def _warmup_first_bar(
+    prev_bars: BarTable, prev_src: tuple[BookSource, dict[str, np.ndarray]], config: ofi_core.OfiConfig
+) -> int:
+    """First bar of ``prev_bars`` that ``quarter_ofi`` replays: ``ofi_warmup_bars`` from the
+    end, moved back by ``_replay_start``. Only the book after a window of bars before that
+    point is scanned (the window grows while the walk back reaches its start)."""
+    n = len(prev_bars)
+    j0 = max(n - ofi_core.ofi_warmup_bars(prev_bars.volume, config), 0)
+    if j0 == 0:
+        return 0
+    tc = prev_bars.ts_close
+    w = _WARMUP_SCAN_BARS
+    while True:
+        lo = max(j0 - w, 0)
+        after = int(tc[lo - 1]) if lo > 0 else None
+        has = _has_valid_snapshot([prev_src], tc[lo : j0 + 1], after)
+        k = lo + _replay_start(j0 - lo, has, prev_bars.instrument_id[lo : j0 + 1])
+        if k > lo or lo == 0:
+            return k
+        w *= 4
+
+
+def ofi_warmup_start(prev_bars: BarTable, prev_book: BookSource, config: ofi_core.OfiConfig) -> int | None:
+    """``ts_recv`` (ns) after which ``quarter_ofi`` uses the previous quarter's trades and book:
+    the close of the bar before its warm-up replay (None: from the start). Load the previous
+    quarter's trades with ``active_trades(..., after_ts=ofi_warmup_start(...))`` to keep only
+    that tail in memory."""
+    if not len(prev_bars):
+        return None
+    src = (prev_book, sidecar_columns(prev_book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"]))
+    k = _warmup_first_bar(prev_bars, src, config)
+    return int(prev_bars.ts_close[k - 1]) if k > 0 else None
 
 
 def _replay_start(j: int, has_snap: npt.NDArray[np.bool_], inst: npt.NDArray[np.uint32]) -> int:
@@ -274,6 +591,25 @@ def _replay_start(j: int, has_snap: npt.NDArray[np.bool_], inst: npt.NDArray[np.
     return j
 
 
+def _trade_slices(sources: Sequence[ActiveTrades], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
+    """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
+    when one source holds them, else a copy of only those trades."""
+    spans = [
+        (t, int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
+        for t in sources
+    ]
+    got = [g for g in spans if g[2] > g[1]]
+    if len(got) <= 1:
+        t, lo, hi = got[0] if got else spans[-1]
+        return ofi_core.TradeArrays(t.ts[lo:hi], t.price[lo:hi], t.size[lo:hi], t.sign[lo:hi])
+    return ofi_core.TradeArrays(
+        *(
+            np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got])
+            for f in ("ts", "price", "size", "sign")
+        )
+    )
+
+
 def quarter_ofi(
     bars: BarTable,
     trades: ActiveTrades,
@@ -289,36 +625,42 @@ def quarter_ofi(
     """OFI features of ``bars`` (one quarter), warmed up from the previous quarter's tail.
 
     The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
-    quarter's; it is cut into chunks of about ``book_chunk`` book events, and each chunk after
-    the first replays the ``ofi_warmup_bars`` bars before it, so every chunk starts from the
-    state the sequential pass would have. Both replays reach further back where needed to hold a
-    valid book snapshot (see :func:`_replay_start`).
+    quarter's; it is cut into chunks of about ``book_chunk`` events (book events plus trades /
+    ``TRADE_WEIGHT``), and each chunk after the first replays the ``ofi_warmup_bars`` bars
+    before it, so every chunk starts from the state the sequential pass would have. Both
+    replays reach further back where needed to hold a valid book snapshot (see
+    :func:`_replay_start`). Only the events of a chunk's bars are materialised: the sidecar
+    columns are memory-mapped views, and the trades of a chunk are slices of ``trades`` /
+    ``prev_trades`` (of the previous quarter only its warm-up tail is ever touched).
     """
-    book_cols = sidecar_columns(book.path, _BOOK_COLUMNS)
+    levels = config.levels
+    names = _book_columns(levels)
+    book_cols = sidecar_columns(book.path, names)
     if book_cols["ts_recv"].size == 0:
         raise FxDataError(f"OFI {partition}: the MBP-10 sidecar {book.path} holds no book records")
     tick = config.tick_size
     tick_units = round(tick * 1e9)
     sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
+    trade_sources: list[ActiveTrades] = []
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
     if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
-        sources.append((prev_book, sidecar_columns(prev_book.path, _BOOK_COLUMNS)))
+        sources.append((prev_book, sidecar_columns(prev_book.path, names)))
         n_prev = len(prev_bars)
-        has_prev = _has_valid_snapshot(sources, prev_bars.ts_close)
-        k = _replay_start(
-            n_prev - ofi_core.ofi_warmup_bars(prev_bars.volume, config), has_prev, prev_bars.instrument_id
-        )
+        k = _warmup_first_bar(prev_bars, sources[0], config)
         n_warm = n_prev - k
         all_bars = BarTable.concat([prev_bars.slice(k, n_prev), bars])
         before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
-        t_ts = np.concatenate([prev_trades.ts, trades.ts])
-        t_px = np.concatenate([prev_trades.price, trades.price])
-        t_sz = np.concatenate([prev_trades.size, trades.size])
-        t_sg = np.concatenate([prev_trades.sign, trades.sign])
+        if prev_trades.after_ts is not None and (before_first is None or prev_trades.after_ts > before_first):
+            raise FxDataError(
+                f"OFI {partition}: prev_trades were loaded after ts_recv {prev_trades.after_ts}, but the "
+                f"warm-up needs them after {before_first} (use ofi_warmup_start with the same bars, book "
+                "and config)"
+            )
+        trade_sources.append(prev_trades)
     else:
         all_bars = bars
-        t_ts, t_px, t_sz, t_sg = trades.ts, trades.price, trades.size, trades.sign
+    trade_sources.append(trades)
     sources.append((book, book_cols))
     ts_close = all_bars.ts_close
     inst = all_bars.instrument_id
@@ -327,20 +669,25 @@ def quarter_ofi(
     def close_before(j: int) -> int | None:
         return int(ts_close[j - 1]) if j > 0 else before_first
 
-    has_snap = _has_valid_snapshot(sources, ts_close)
+    has_snap = _has_valid_snapshot(sources, ts_close, before_first)
 
-    # Book events up to each bar's close, over all sources: sets the chunk boundaries.
+    # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
+    # differences are used, so the previous quarter's events before the warm-up cancel out.
     cum = np.zeros(n_all, dtype=np.int64)
     for _, c in sources:
         cum += np.searchsorted(c["ts_recv"], ts_close, side="right")
+    for t in trade_sources:
+        cum += np.searchsorted(t.ts, ts_close, side="right") // TRADE_WEIGHT
     bounds = [n_warm]
     while bounds[-1] < n_all:
         start = bounds[-1]
         base = int(cum[start - 1]) if start > 0 else 0
         nxt = int(np.searchsorted(cum, base + book_chunk, side="right"))
         bounds.append(min(max(nxt, start + 1), n_all))
+    del cum
 
     outs: list[ofi_core.OfiFeatures] = []
+    buffers = _BookBuffers()
     for b0, b1 in itertools.pairwise(bounds):
         w0 = (
             0
@@ -348,21 +695,18 @@ def quarter_ofi(
             else _replay_start(b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config), has_snap, inst)
         )
         t_start = close_before(w0)
-        lo_t = t_start if t_start is not None else np.iinfo(np.int64).min
+        lo_t = t_start if t_start is not None else int(np.iinfo(np.int64).min)
         hi_t = int(ts_close[b1 - 1])
         parts = []
         for src, c in sources:
             lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
             hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
-            if hi > lo:
-                parts.append(_book_rows(src, c, lo, hi, tick_units))
-        book_arr = _concat_book(parts) if parts else _book_rows(book, book_cols, 0, 0)
-        tl = int(np.searchsorted(t_ts, lo_t, side="right"))
-        th = int(np.searchsorted(t_ts, hi_t, side="right"))
+            parts.append((src, c, lo, hi))
+        book_arr = _book_rows(parts, levels, tick_units, buffers)
         outs.append(
             ofi_core.compute_ofi_features(
                 book_arr,
-                ofi_core.TradeArrays(t_ts[tl:th], t_px[tl:th], t_sz[tl:th], t_sg[tl:th]),
+                _trade_slices(trade_sources, lo_t, hi_t),
                 ts_close[w0:b1],
                 inst[w0:b1],
                 config,
@@ -372,10 +716,11 @@ def quarter_ofi(
                 partition=partition,
             )
         )
+        del book_arr
     if not outs:  # a quarter without bars
         return ofi_core.compute_ofi_features(
-            _book_rows(book, book_cols, 0, 0),
-            ofi_core.TradeArrays(t_ts[:0], t_px[:0], t_sz[:0], t_sg[:0]),
+            _book_rows([], levels),
+            _trade_slices(trade_sources, 0, 0),
             ts_close[:0],
             inst[:0],
             config,

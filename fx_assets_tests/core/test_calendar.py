@@ -57,3 +57,48 @@ def test_quarters() -> None:
             cal.parse_quarter(bad)
     with pytest.raises(ValueError, match="ends before"):
         cal.quarter_range("2024-Q3:2024-Q1")
+
+
+def _around_boundaries(days: np.ndarray) -> np.ndarray:
+    """Every session open and close, and the instants 1 ns either side of each."""
+    opens, closes = cal.session_bounds_utc(days)
+    edges = np.concatenate([opens, closes])
+    return np.concatenate([edges - 1, edges, edges + 1])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_session_day_equals_the_local_time_definition(seed: int) -> None:
+    """The boundary-table lookup gives the local-wall-clock definition on random instants over
+    several years (DST changes both ways, halts, weekends, New Year), on the exact session edges
+    and 1 ns either side, on the DST switch instants, sorted or not, in any shape."""
+    rng = np.random.default_rng(seed)
+    lo, hi = ns("2019-12-25T00:00:00"), ns("2025-01-06T00:00:00")
+    uniform = rng.integers(lo, hi, 400_000)
+    # Dense around the DST changes (2nd Sunday of March, 1st Sunday of November) and the
+    # Friday close / Sunday open of those weekends.
+    starts, _ = cal._offset_table(2019, 2025)
+    near_dst = (
+        starts[:, None] + rng.integers(-3 * cal.NS_PER_DAY, 3 * cal.NS_PER_DAY, (starts.size, 2000))
+    ).ravel()
+    days = cal.sessions_between(dt.date(2019, 12, 20), dt.date(2025, 1, 10))
+    edges = _around_boundaries(days)
+    ts = np.concatenate([uniform, near_dst, edges, starts, starts - 1])
+    expected = cal._session_day_local(ts)
+    assert np.array_equal(cal.session_day(ts), expected)  # unsorted
+    order = np.argsort(ts, kind="stable")
+    assert np.array_equal(cal.session_day(ts[order]), expected[order])  # sorted: the fast path
+    assert np.array_equal(cal.session_day(ts[: 1000 * 6].reshape(1000, 6)), expected[:6000].reshape(1000, 6))
+    # the data spans halts, weekends and sessions
+    assert (expected == -1).mean() > 0.2 and len(np.unique(expected)) > 1000
+    assert cal.session_day(np.array([], dtype=np.int64)).shape == (0,)
+    assert cal.session_day(np.array([], dtype=np.int64)).dtype == np.int32
+
+
+def test_session_table_is_the_sessions_in_order() -> None:
+    bounds, days = cal.session_table(ns("2024-03-01T00:00:00"), ns("2024-03-31T00:00:00"))
+    assert bounds.shape == (2 * days.shape[0],)
+    assert np.all(np.diff(bounds) > 0)
+    opens, closes = cal.session_bounds_utc(days)
+    assert np.array_equal(bounds[0::2], opens) and np.array_equal(bounds[1::2], closes)
+    k = np.searchsorted(bounds, ns("2024-03-11T12:00:00"), side="right")
+    assert k % 2 == 1 and cal.session_label(int(days[(k - 1) // 2])) == "2024-03-11"
