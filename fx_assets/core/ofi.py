@@ -21,16 +21,22 @@ imbalance, Hawkes, VPIN volume, deltas) starts again.
 
 Design: two passes, both sharded over contiguous bar ranges on a thread pool calling
 ``nogil`` kernels.
+  0. *Input pass* (wrapper): one numba pass per input validates it (book sharded over rows,
+     also flagging valid snapshots; trades sequential, also filling the cumulative volume and
+     signed volume that VPIN reads), and the bar windows come from a galloping merge search.
   1. *Event pass* (`_event_pass_nb`): per bar, sums over its own window's events (OFI terms,
-     depths, queue depletion, realised variance, trade volumes, the bar-local Hawkes sum) and
-     the index of the as-of snapshot. The only state is the previous valid snapshot; a shard
-     rebuilds it at its first bar by scanning back to the last valid snapshot of the segment
-     (this is the shard's warm-up; it reads, it does not recompute).
-  2. *Bar pass* (`_bar_pass_nb`): per bar, the book-state features from the as-of snapshot
-     and every trailing feature recomputed *from scratch* from the per-bar sums of the last
-     ``w`` bars of the segment (Kyle OLS, trade imbalance, Hawkes) — no running sums, so no
-     rounding drift — and VPIN from the cumulative (signed) volume arrays that the wrapper
-     precomputes over the whole call.
+     depths, queue depletion, realised variance, trade volumes, the bar-local Hawkes sum),
+     the index and ln(mid) of the as-of snapshot, and the book-state features of that
+     snapshot (computed here while its row is in cache). The only state is the previous
+     valid snapshot; a shard rebuilds it at its first bar by scanning back to the last valid
+     snapshot of the segment (this is the shard's warm-up; it reads, it does not recompute).
+  2. *Bar pass* (`_bar_pass_nb`): per bar, every trailing feature recomputed *from scratch*
+     from the per-bar sums of the last ``w`` bars of the segment (Kyle OLS, trade imbalance,
+     Hawkes) — no running sums, so no rounding drift — and VPIN from the cumulative (signed)
+     volume arrays. VPIN's bucket boundaries only move forward within a segment, so each is
+     found by a short forward search from its position at the previous bar (a full search
+     at a shard's first bar); the position found is the unique searchsorted answer, so this
+     is a speed-up only.
   Every output of bar j is therefore a pure function of (input arrays, j): the sharded result
   equals the sequential one bit for bit for any number of shards. The equivalent
   "replay W bars" warm-up is what a *caller* needs across partitions: `ofi_warmup_bars`
@@ -51,7 +57,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -565,19 +571,23 @@ class OfiFeatures:
 # Columns of the per-bar sums written by the event pass.
 _L_NSNAP, _L_NTR, _L_OFI1, _L_D1, _L_ML5, _L_D5, _L_MLL, _L_DL = 0, 1, 2, 3, 4, 5, 6, 7
 _L_DEPB, _L_DEPA, _L_RV, _L_VOL, _L_BUY, _L_SELL, _L_HAWK = 8, 9, 10, 11, 12, 13, 14
-_N_LOC = 15
+_L_LNM = 15  # ln(mid) of the as-of snapshot (NaN without one): Kyle's y without a log per window bar
+_N_LOC = 16
 
 
 @njit(cache=True, nogil=True)
 def _event_pass_nb(
-    b_ts, bid_px, ask_px, bid_sz, ask_sz, valid, t_ts, t_size, t_sign,
+    b_ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, valid, t_ts, t_size, t_sign,
     snap_lo, snap_hi, trd_lo, trd_hi, seg_snap_lo, bar_close, reset,
-    levels, rv_scale, decay_ns, b0, b1, loc, asof,
+    levels, tick, rv_scale, decay_ns, b0, b1, loc, asof, out,
 ):  # fmt: skip
-    """Per-bar sums over each bar's own window, bars [b0, b1) (one shard)."""
+    """Per-bar sums over each bar's own window, bars [b0, b1) (one shard), and the book-state
+    features of the as-of snapshot into out[4:16, j] (here, while its row is in cache; a pure
+    function of the snapshot, so reused when bar j has the same one as bar j−1)."""
     n5 = min(5, levels)
     prev = -1
     prev_lnm = 0.0
+    prev_mid = math.nan  # the mid whose log is prev_lnm (a memo: the mid is often unchanged)
     for j in range(b0, b1):
         if j == b0 or reset[j]:
             # Shard warm-up / reset: predecessor = last valid snapshot of the segment before
@@ -590,7 +600,8 @@ def _event_pass_nb(
                     break
                 p -= 1
             if prev >= 0:
-                prev_lnm = math.log(0.5 * (bid_px[prev, 0] + ask_px[prev, 0]))
+                prev_mid = 0.5 * (bid_px[prev, 0] + ask_px[prev, 0])
+                prev_lnm = math.log(prev_mid)
         tau = bar_close[j]
         nsnap = 0.0
         ofi1 = 0.0
@@ -603,11 +614,18 @@ def _event_pass_nb(
         depa = 0.0
         rv = 0.0
         hawk = 0.0
+        # exp(−(τ − t)/δ) of the last event time seen (events often share a timestamp)
+        last_t = tau + 1
+        last_x = 0.0
         for i in range(snap_lo[j], snap_hi[j]):
             if not valid[i]:
                 continue
             nsnap += 1.0
-            hawk += math.exp(-(tau - b_ts[i]) / decay_ns)
+            t = b_ts[i]
+            if t != last_t:
+                last_t = t
+                last_x = math.exp(-(tau - t) / decay_ns)
+            hawk += last_x
             for m in range(levels):
                 pb = bid_px[i, m]
                 pa = ask_px[i, m]
@@ -625,23 +643,16 @@ def _event_pass_nb(
                     pqb = bid_sz[prev, m] if ppb == ppb else 0.0
                     pqa = ask_sz[prev, m] if ppa == ppa else 0.0
                     # XGH convention: a missing bid is −∞, a missing ask +∞ (size 0).
-                    if pb != pb:
-                        pb = -math.inf
-                    if ppb != ppb:
-                        ppb = -math.inf
-                    if pa != pa:
-                        pa = math.inf
-                    if ppa != ppa:
-                        ppa = math.inf
-                    e = 0.0
-                    if pb >= ppb:
-                        e += qb
-                    if pb <= ppb:
-                        e -= pqb
-                    if pa <= ppa:
-                        e -= qa
-                    if pa >= ppa:
-                        e += pqa
+                    pb = pb if pb == pb else -math.inf
+                    ppb = ppb if ppb == ppb else -math.inf
+                    pa = pa if pa == pa else math.inf
+                    ppa = ppa if ppa == ppa else math.inf
+                    # Branch-free form of "e = 0; if c: e ±= q": adding ±0.0 instead of
+                    # skipping leaves e unchanged (e starts at +0.0, so it is never −0.0).
+                    e = 0.0 + (qb if pb >= ppb else 0.0)
+                    e -= pqb if pb <= ppb else 0.0
+                    e -= qa if pa <= ppa else 0.0
+                    e += pqa if pa >= ppa else 0.0
                     if m == 0:
                         ofi1 += e
                         # Queue depletion at L1: a queue shrinking at an unchanged price, or
@@ -659,7 +670,12 @@ def _event_pass_nb(
                     if m < n5:
                         ml5 += e
                     mll += e
-            lnm = math.log(0.5 * (bid_px[i, 0] + ask_px[i, 0]))
+            mid = 0.5 * (bid_px[i, 0] + ask_px[i, 0])
+            if mid != prev_mid:
+                prev_mid = mid
+                lnm = math.log(mid)
+            else:
+                lnm = prev_lnm
             if prev >= 0:
                 r = (lnm - prev_lnm) * rv_scale
                 rv += r * r
@@ -677,7 +693,11 @@ def _event_pass_nb(
                 buy += v
             elif t_sign[i] < 0:
                 sell += v
-            hawk += math.exp(-(tau - t_ts[i]) / decay_ns)
+            t = t_ts[i]
+            if t != last_t:
+                last_t = t
+                last_x = math.exp(-(tau - t) / decay_ns)
+            hawk += last_x
         loc[j, _L_NSNAP] = nsnap
         loc[j, _L_NTR] = ntr
         loc[j, _L_OFI1] = ofi1
@@ -693,6 +713,18 @@ def _event_pass_nb(
         loc[j, _L_BUY] = buy
         loc[j, _L_SELL] = sell
         loc[j, _L_HAWK] = hawk
+        loc[j, _L_LNM] = prev_lnm if prev >= 0 else math.nan
+        if prev < 0:
+            for k in range(4, 16):
+                out[k, j] = math.nan
+        elif j > b0 and asof[j - 1] == prev:
+            for k in range(4, 16):
+                out[k, j] = out[k, j - 1]
+        else:
+            _book_state_nb(
+                bid_px[prev], ask_px[prev], bid_sz[prev], ask_sz[prev], bid_ct[prev], ask_ct[prev],
+                levels, tick, out, 4, j,
+            )  # fmt: skip
         asof[j] = prev
 
 
@@ -735,8 +767,8 @@ def _ratio(num, den):
 
 
 @njit(cache=True, nogil=True)
-def _book_state_nb(bpx, apx, bsz, asz, bct, act, levels, tick, out, o):
-    """Book-state features of one snapshot (rows of length ≥ levels) into out[o:o+12]."""
+def _book_state_nb(bpx, apx, bsz, asz, bct, act, levels, tick, out, o, j):
+    """Book-state features of one snapshot (rows of length ≥ levels) into out[o:o+12, j]."""
     pb = bpx[0]
     pa = apx[0]
     qb = bsz[0]
@@ -779,72 +811,109 @@ def _book_state_nb(bpx, apx, bsz, asz, bct, act, levels, tick, out, o):
             sa += va
             da += va * (a - mid)
             com += va * (a - mid)
-    out[o + 0] = i1
-    out[o + 1] = _ratio(num5, den5)
-    out[o + 2] = _ratio(numl, denl)
-    out[o + 3] = 0.5 * i1 if s > 0.0 else 0.0
-    out[o + 4] = i1 * (0.5 * s) / tick
+    out[o + 0, j] = i1
+    out[o + 1, j] = _ratio(num5, den5)
+    out[o + 2, j] = _ratio(numl, denl)
+    out[o + 3, j] = 0.5 * i1 if s > 0.0 else 0.0
+    out[o + 4, j] = i1 * (0.5 * s) / tick
     bsl = _side_slope_nb(bpx, bsz, levels, mid, tick)
     asl = _side_slope_nb(apx, asz, levels, mid, tick)
-    out[o + 5] = bsl
-    out[o + 6] = asl
-    out[o + 7] = _ratio(bsl - asl, bsl + asl)
+    out[o + 5, j] = bsl
+    out[o + 6, j] = asl
+    out[o + 7, j] = _ratio(bsl - asl, bsl + asl)
     dbm = _ratio(db, sb)
     dam = _ratio(da, sa)
-    out[o + 8] = _ratio(dam - dbm, dam + dbm)
-    out[o + 9] = -_ratio(com, sb + sa) / tick
-    out[o + 10] = s / tick
-    out[o + 11] = _ratio(ctn, ctd)
+    out[o + 8, j] = _ratio(dam - dbm, dam + dbm)
+    out[o + 9, j] = -_ratio(com, sb + sa) / tick
+    out[o + 10, j] = s / tick
+    out[o + 11, j] = _ratio(ctn, ctd)
+
+
+_SCAN = 16  # block of the forward scan in _first_ge_nb (a power of two)
 
 
 @njit(cache=True, nogil=True)
-def _vol_at_nb(cumv, cumd, t_sign, lo, hi, c):
-    """Cumulative signed volume at cumulative volume c, trades [lo, hi) (pro-rata inside one)."""
-    i = lo + np.searchsorted(cumv[lo:hi], c)
-    if i >= hi:
-        i = hi - 1
-    return cumd[i] - t_sign[i] * (cumv[i] - c)
+def _first_ge_nb(a, p, hi, c):
+    """First i in [p, hi) with a[i] ≥ c, hi if none; a non-decreasing and a[i] < c for i < p.
+
+    Equals ``p0 + searchsorted(a[p0:hi], c)`` for any p0 ≤ p: the answer is unique, only the
+    cost of finding it changes. A VPIN boundary moves by about one bar's trades per bar, so
+    step forward by blocks of _SCAN (one probe each), then find the answer inside its block
+    by a branch-free binary search; a long move (a large bar, the first search of a shard)
+    switches to galloping.
+    """
+    for _ in range(8):
+        if hi - p < _SCAN:
+            break
+        if a[p + _SCAN - 1] < c:
+            p += _SCAN
+            continue
+        b = p  # answer in [b, b + n)
+        n = _SCAN
+        while n > 1:
+            h = n >> 1
+            b = b + h if a[b + h - 1] < c else b
+            n -= h
+        return b
+    # galloping from p, then a binary search on (lo, up]
+    lo = p - 1  # a[lo] < c (or lo before the start)
+    up = hi  # a[up] ≥ c, or up = hi
+    step = 1
+    while True:
+        nxt = lo + step
+        if nxt >= hi:
+            break
+        if a[nxt] >= c:
+            up = nxt
+            break
+        lo = nxt
+        step *= 2
+    while up - lo > 1:
+        mid = (lo + up) >> 1
+        if a[mid] < c:
+            lo = mid
+        else:
+            up = mid
+    return up
 
 
 @njit(cache=True, nogil=True)
 def _bar_pass_nb(
-    bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, loc, asof, bar_close, has_start, ts_start,
-    seg_start, seg_trd_lo, trd_hi, cumv, cumd, t_sign_f, levels, tick, vpin_v, vpin_n,
+    loc, asof, bar_close, has_start, ts_start,
+    seg_start, seg_trd_lo, trd_hi, cumv, cumd, t_sign, levels, vpin_v, vpin_n,
     kyle_w, kyle_min, rv_scale, ti_windows, decay_ns, hawkes_bars, b0, b1, out,
 ):  # fmt: skip
-    """Per-bar features of bars [b0, b1) from the per-bar sums (any order; no state)."""
+    """Per-bar features of bars [b0, b1) into out[:, j] (columns × bars), from the per-bar sums.
+
+    Every value of bar j is a pure function of the inputs and j. The only state carried from
+    bar to bar is the VPIN boundary positions, which merely speed up a search whose answer is
+    unique, so it cannot change a result.
+    """
     xs = np.empty(kyle_w)
     ys = np.empty(kyle_w)
+    # ptr[k]: trade index at or before the one holding VPIN boundary k+1 of the previous bar.
+    # Boundaries only move forward within a segment (the cumulative volume at τ_j does), so
+    # every pointer only advances; it restarts at the segment's first trade on a new segment
+    # and at the shard's first bar (from where the first search is a full galloping search).
+    ptr = np.empty(vpin_n, np.int64)
+    cur_seg = -1
+    nlev5 = min(5, levels)
     for j in range(b0, b1):
         s0 = seg_start[j]
         # -- own-window flow terms
         n = loc[j, _L_NSNAP]
-        out[j, 0] = loc[j, _L_OFI1]
-        out[j, 1] = _ratio(loc[j, _L_OFI1], loc[j, _L_D1] / n) if n > 0 else 0.0
-        nlev5 = min(5, levels)
-        out[j, 2] = _ratio(loc[j, _L_ML5], loc[j, _L_D5] / (n * nlev5)) if n > 0 else 0.0
-        out[j, 3] = _ratio(loc[j, _L_MLL], loc[j, _L_DL] / (n * levels)) if n > 0 else 0.0
-        # -- book state as of τ_j
-        a = asof[j]
-        if a >= 0:
-            _book_state_nb(
-                bid_px[a],
-                ask_px[a],
-                bid_sz[a],
-                ask_sz[a],
-                bid_ct[a],
-                ask_ct[a],
-                levels,
-                tick,
-                out[j],
-                4,
-            )
-        else:
-            for k in range(4, 16):
-                out[j, k] = math.nan
+        out[0, j] = loc[j, _L_OFI1]
+        out[1, j] = _ratio(loc[j, _L_OFI1], loc[j, _L_D1] / n) if n > 0 else 0.0
+        out[2, j] = _ratio(loc[j, _L_ML5], loc[j, _L_D5] / (n * nlev5)) if n > 0 else 0.0
+        out[3, j] = _ratio(loc[j, _L_MLL], loc[j, _L_DL] / (n * levels)) if n > 0 else 0.0
+        # (out[4:16, j], the book state as of τ_j, is written by the event pass)
         # -- VPIN over the last n·V contracts of the segment before τ_j
         tlo = seg_trd_lo[j]
         thi = trd_hi[j]
+        if s0 != cur_seg:
+            cur_seg = s0
+            for k in range(vpin_n):
+                ptr[k] = tlo
         base = cumv[tlo - 1] if tlo > 0 else 0.0
         cj = cumv[thi - 1] if thi > tlo else base
         if thi > tlo and cj - vpin_n * vpin_v >= base - 1e-9:
@@ -852,21 +921,22 @@ def _bar_pass_nb(
             fhi = cumd[thi - 1]
             for k in range(1, vpin_n + 1):
                 c = cj - k * vpin_v
-                flo = _vol_at_nb(cumv, cumd, t_sign_f, tlo, thi, c)
+                i = _first_ge_nb(cumv, ptr[k - 1], thi, c)
+                ptr[k - 1] = i
+                if i >= thi:
+                    i = thi - 1
+                # cumulative signed volume at cumulative volume c (pro-rata inside trade i)
+                flo = cumd[i] - float(t_sign[i]) * (cumv[i] - c)
                 acc += abs(fhi - flo)
                 fhi = flo
-            out[j, 16] = acc / (vpin_n * vpin_v)
+            out[16, j] = acc / (vpin_n * vpin_v)
         else:
-            out[j, 16] = math.nan
+            out[16, j] = math.nan
         # -- Kyle's λ: OLS with intercept over the last kyle_w bars of the segment
         m = 0
         for k in range(max(j - kyle_w + 1, s0 + 1), j + 1):
-            ak = asof[k]
-            ap = asof[k - 1]
-            if ak >= 0 and ap >= 0:
-                lm1 = math.log(0.5 * (bid_px[ak, 0] + ask_px[ak, 0]))
-                lm0 = math.log(0.5 * (bid_px[ap, 0] + ask_px[ap, 0]))
-                ys[m] = (lm1 - lm0) * rv_scale
+            if asof[k] >= 0 and asof[k - 1] >= 0:
+                ys[m] = (loc[k, _L_LNM] - loc[k - 1, _L_LNM]) * rv_scale
                 xs[m] = loc[k, _L_BUY] - loc[k, _L_SELL]
                 m += 1
         lam = math.nan
@@ -888,26 +958,28 @@ def _bar_pass_nb(
                 sx2 += xs[q] * xs[q]
             if sxx > 1e-12 * max(sx2, 1.0):
                 lam = sxy / sxx
-        out[j, 17] = lam
+        out[17, j] = lam
         # -- queue depletion, realised variance
-        out[j, 18] = _ratio(loc[j, _L_DEPA] - loc[j, _L_DEPB], loc[j, _L_DEPA] + loc[j, _L_DEPB])
-        out[j, 19] = loc[j, _L_RV]
+        out[18, j] = _ratio(loc[j, _L_DEPA] - loc[j, _L_DEPB], loc[j, _L_DEPA] + loc[j, _L_DEPB])
+        out[19, j] = loc[j, _L_RV]
         # -- window length, event rate
         if j > 0 or has_start:
             t0 = bar_close[j - 1] if j > 0 else ts_start
             dur = max((bar_close[j] - t0) / 1e9, 1e-6)
-            out[j, 20] = (loc[j, _L_NSNAP] + loc[j, _L_NTR]) / dur
-            out[j, 22] = math.log(dur)
+            out[20, j] = (loc[j, _L_NSNAP] + loc[j, _L_NTR]) / dur
+            out[22, j] = math.log(dur)
         else:
-            out[j, 20] = math.nan
-            out[j, 22] = math.nan
-        # -- truncated exponential intensity at τ_j (events/s)
+            out[20, j] = math.nan
+            out[22, j] = math.nan
+        # -- truncated exponential intensity at τ_j (events/s). Recomputed over the window:
+        # a recursive decay would carry rounding from the segment start, so a shard or a
+        # partition starting from a warm-up would not reproduce it bit for bit.
         h = 0.0
         for k in range(max(j - hawkes_bars + 1, s0), j + 1):
             h += loc[k, _L_HAWK] * math.exp(-(bar_close[j] - bar_close[k]) / decay_ns)
-        out[j, 21] = h / (decay_ns / 1e9)
-        out[j, 23] = loc[j, _L_NSNAP]
-        out[j, 24] = loc[j, _L_NTR]
+        out[21, j] = h / (decay_ns / 1e9)
+        out[23, j] = loc[j, _L_NSNAP]
+        out[24, j] = loc[j, _L_NTR]
         # -- trade imbalance over the last w bars of the segment
         for q in range(ti_windows.shape[0]):
             w = ti_windows[q]
@@ -916,7 +988,7 @@ def _bar_pass_nb(
             for k in range(max(j - w + 1, s0), j + 1):
                 num += loc[k, _L_BUY] - loc[k, _L_SELL]
                 den += loc[k, _L_VOL]
-            out[j, 25 + q] = _ratio(num, den)
+            out[25 + q, j] = _ratio(num, den)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -931,20 +1003,111 @@ def book_state_row(
     rows = [
         np.ascontiguousarray(x, dtype=np.float64) for x in (bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct)
     ]
-    out = np.empty(len(_BOOK_STATE_COLS))
+    out = np.empty((len(_BOOK_STATE_COLS), 1))
     b, a, bs, as_, bc, ac = rows
-    _book_state_nb(b, a, bs, as_, bc, ac, b.shape[0], float(tick_size), out, 0)
-    return dict(zip(_BOOK_STATE_COLS, out.tolist(), strict=True))
+    _book_state_nb(b, a, bs, as_, bc, ac, b.shape[0], float(tick_size), out, 0, 0)
+    return dict(zip(_BOOK_STATE_COLS, out[:, 0].tolist(), strict=True))
 
 
 @njit(cache=True, nogil=True)
-def _first_bad_size_nb(px, v, levels):
-    """First row where a present price has a size/count that is NaN or negative (−1: none)."""
-    for i in range(px.shape[0]):
+def _book_prep_nb(ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, levels, r0, r1, valid, bad):
+    """One pass over snapshots [r0, r1) (one shard): validity flag of each snapshot, and the
+    first row (−1: none) that is out of ts order (bad[0]) or has a present price with a NaN or
+    negative bid_sz, bid_ct, ask_sz, ask_ct (bad[1..4])."""
+    b_ts = -1
+    b_bs = -1
+    b_bc = -1
+    b_as = -1
+    b_ac = -1
+    for i in range(r0, r1):
+        if b_ts < 0 and i > 0 and ts[i] < ts[i - 1]:
+            b_ts = i
         for k in range(levels):
-            if px[i, k] == px[i, k] and not (v[i, k] >= 0.0):
-                return i
-    return -1
+            if bid_px[i, k] == bid_px[i, k]:
+                if b_bs < 0 and not (bid_sz[i, k] >= 0.0):
+                    b_bs = i
+                if b_bc < 0 and not (bid_ct[i, k] >= 0.0):
+                    b_bc = i
+            if ask_px[i, k] == ask_px[i, k]:
+                if b_as < 0 and not (ask_sz[i, k] >= 0.0):
+                    b_as = i
+                if b_ac < 0 and not (ask_ct[i, k] >= 0.0):
+                    b_ac = i
+        pb = bid_px[i, 0]
+        pa = ask_px[i, 0]
+        # §0 cleaning: both sides present (finite), not crossed, positive bid.
+        valid[i] = abs(pb) < math.inf and abs(pa) < math.inf and pb <= pa and pb > 0.0
+    bad[0] = b_ts
+    bad[1] = b_bs
+    bad[2] = b_bc
+    bad[3] = b_as
+    bad[4] = b_ac
+
+
+@njit(cache=True, nogil=True)
+def _trade_prep_nb(ts, size, sign, cumv, cumd, bad):
+    """One pass over the trades: the cumulative volume and signed volume (the same additions
+    as ``np.cumsum(size)`` and ``np.cumsum(size * sign)``, without their full-size temporaries),
+    and the first row (−1: none) out of ts order (bad[0]), with a size that is not finite and
+    ≥ 0 (bad[1]), with a sign outside {−1, 0, +1} (bad[2])."""
+    b_ts = -1
+    b_sz = -1
+    b_sg = -1
+    v = 0.0
+    d = 0.0
+    for i in range(ts.shape[0]):
+        if b_ts < 0 and i > 0 and ts[i] < ts[i - 1]:
+            b_ts = i
+        x = size[i]
+        if b_sz < 0 and not (x >= 0.0 and x < math.inf):
+            b_sz = i
+        g = sign[i]
+        if b_sg < 0 and g != -1 and g != 0 and g != 1:
+            b_sg = i
+        xd = x * float(g)
+        if i == 0:
+            v = x
+            d = xd
+        else:
+            v += x
+            d += xd
+        cumv[i] = v
+        cumd[i] = d
+    bad[0] = b_ts
+    bad[1] = b_sz
+    bad[2] = b_sg
+
+
+@njit(cache=True, nogil=True)
+def _search_right_nb(ts, q, out):
+    """out[j] = searchsorted(ts, q[j], side="right") for non-decreasing ts and q: each search
+    gallops forward from the previous answer (the answer is unique, so the result is the
+    same), instead of a full binary search over ts per query."""
+    n = ts.shape[0]
+    p = 0
+    for j in range(q.shape[0]):
+        x = q[j]
+        if p < n and ts[p] <= x:
+            lo = p  # ts[lo] ≤ x
+            step = 1
+            while True:
+                nxt = lo + step
+                if nxt >= n:
+                    up = n
+                    break
+                if ts[nxt] > x:
+                    up = nxt
+                    break
+                lo = nxt
+                step *= 2
+            while up - lo > 1:
+                mid = (lo + up) >> 1
+                if ts[mid] <= x:
+                    lo = mid
+                else:
+                    up = mid
+            p = up
+        out[j] = p
 
 
 def _as_f64(x: npt.ArrayLike, name: str, ndim: int) -> F64:
@@ -954,14 +1117,18 @@ def _as_f64(x: npt.ArrayLike, name: str, ndim: int) -> F64:
     return a
 
 
+def _raise_unsorted(ts: I64, i: int, name: str) -> None:
+    if i >= 0:
+        raise FxDataError(
+            f"OFI input column {name}: timestamps not sorted at row {i} ({int(ts[i - 1])} > {int(ts[i])})"
+        )
+
+
 def _check_sorted(ts: I64, name: str) -> None:
     if ts.shape[0] > 1:
         bad = np.flatnonzero(np.diff(ts) < 0)
         if bad.size:
-            raise FxDataError(
-                f"OFI input column {name}: timestamps not sorted at row {int(bad[0]) + 1} "
-                f"({int(ts[bad[0]])} > {int(ts[bad[0] + 1])})"
-            )
+            _raise_unsorted(ts, int(bad[0]) + 1, name)
 
 
 def _shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -976,7 +1143,7 @@ def compute_ofi_features(
     bar_instrument: npt.ArrayLike,
     config: OfiConfig,
     *,
-    tick_size: float,
+    tick_size: float | None = None,
     n_warmup: int = 0,
     ts_window_start: int | None = None,
     bar_reset: npt.ArrayLike | None = None,
@@ -989,7 +1156,8 @@ def compute_ofi_features(
         bar_ts_close: int64 ns close stamp τ_j of every bar (non-decreasing).
         bar_instrument: uint32 instrument of every bar; a change starts a reset segment.
         config: kernel parameters.
-        tick_size: minimum price increment of the contract, price units (ticks features).
+        tick_size: minimum price increment of the contract, price units (ticks features);
+            None (default): ``config.tick_size``. A value given here takes precedence.
         n_warmup: leading bars that are only warm-up (replayed, not returned). To compute a
             partition equal to the sequential pass, pass the previous partition's last
             ``ofi_warmup_bars(...)`` bars (and their events) first with this count.
@@ -1004,7 +1172,8 @@ def compute_ofi_features(
     """
     cfg = config
     L = cfg.levels
-    if not (tick_size > 0 and math.isfinite(tick_size)):
+    tick = float(cfg.tick_size if tick_size is None else tick_size)
+    if not (tick > 0 and math.isfinite(tick)):
         raise FxDataError(f"OFI {partition}: tick_size must be a positive number, got {tick_size}")
     b_ts = np.ascontiguousarray(book.ts, dtype=np.int64)
     nb_ = b_ts.shape[0]
@@ -1016,31 +1185,103 @@ def compute_ofi_features(
                 f"OFI {partition}: book column {nm} has shape {a.shape}, expected ({nb_}, >={L})"
             )
         arr[nm] = a
-    _check_sorted(b_ts, "book.ts")
-    for side in ("bid", "ask"):
-        for q in ("sz", "ct"):
-            v = arr[f"{side}_{q}"]
-            r = int(_first_bad_size_nb(arr[f"{side}_px"], v, L))
-            if r >= 0:
-                c = int(np.flatnonzero(np.isfinite(arr[f"{side}_px"][r, :L]) & ~(v[r, :L] >= 0))[0])
-                raise FxDataError(
-                    f"OFI {partition}: book column {side}_{q}_{c:02d} invalid ({v[r, c]}) at "
-                    f"snapshot {r} with a price present"
-                )
-    b1p = arr["bid_px"][:, 0]
-    a1p = arr["ask_px"][:, 0]
-    valid = np.isfinite(b1p) & np.isfinite(a1p) & (b1p <= a1p) & (b1p > 0)
-
     t_ts = np.ascontiguousarray(trades.ts, dtype=np.int64)
     t_size = _as_f64(trades.size, "trades.size", 1)
     t_sign = np.ascontiguousarray(trades.sign, dtype=np.int8)
-    if not (t_size.shape[0] == t_sign.shape[0] == t_ts.shape[0]):
+    trades_ok = t_size.shape[0] == t_sign.shape[0] == t_ts.shape[0]
+
+    workers = cfg.workers
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        return _compute(
+            cfg, tick, b_ts, arr, t_ts, t_size, t_sign, trades_ok, bar_ts_close, bar_instrument,
+            n_warmup, ts_window_start, bar_reset, partition, workers, pool,
+        )  # fmt: skip
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _compute(
+    cfg: OfiConfig,
+    tick: float,
+    b_ts: I64,
+    arr: dict[str, F64],
+    t_ts: I64,
+    t_size: F64,
+    t_sign: npt.NDArray[np.int8],
+    trades_ok: bool,
+    bar_ts_close: npt.ArrayLike,
+    bar_instrument: npt.ArrayLike,
+    n_warmup: int,
+    ts_window_start: int | None,
+    bar_reset: npt.ArrayLike | None,
+    partition: str,
+    workers: int,
+    pool: ThreadPoolExecutor | None,
+) -> OfiFeatures:
+    """Body of `compute_ofi_features` once the input columns have their dtypes."""
+    L = cfg.levels
+    nb_ = b_ts.shape[0]
+
+    def run_all(fn: Callable[[tuple[int, int]], None], shards: list[tuple[int, int]]) -> None:
+        if pool is None or len(shards) <= 1:
+            for sh in shards:
+                fn(sh)
+        else:
+            list(pool.map(fn, shards))
+
+    # Input validation (book and trades in one pass each, the trades' pass also filling the
+    # cumulative volumes for VPIN); errors are raised in a fixed order: book, trades, bars.
+    book_shards = _shard_bounds(nb_, max(1, min(workers, nb_)))
+    book_bad = np.full((max(1, len(book_shards)), 5), -1, np.int64)
+    valid = np.empty(nb_, np.bool_)
+    nt = t_ts.shape[0]
+    # Cumulative volume / signed volume over the call (differences only are used: exact for
+    # integer sizes, so VPIN does not depend on where the arrays start).
+    cumv = np.empty(nt if trades_ok else 0)
+    cumd = np.empty(nt if trades_ok else 0)
+    trade_bad = np.full(3, -1, np.int64)
+
+    def prep(q: int) -> None:
+        if q < 0:  # the trades' pass is sequential (a running sum): started first
+            if trades_ok:
+                _trade_prep_nb(t_ts, t_size, t_sign, cumv, cumd, trade_bad)
+        else:
+            r0, r1 = book_shards[q]
+            _book_prep_nb(
+                b_ts, arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], arr["bid_ct"],
+                arr["ask_ct"], L, r0, r1, valid, book_bad[q],
+            )  # fmt: skip
+
+    tasks = [-1, *range(len(book_shards))]
+    if pool is None:
+        for q in tasks:
+            prep(q)
+    else:
+        list(pool.map(prep, tasks))
+
+    def first(col: npt.NDArray[np.int64]) -> int:
+        ok = col[col >= 0]
+        return int(ok.min()) if ok.size else -1
+
+    _raise_unsorted(b_ts, first(book_bad[:, 0]), "book.ts")
+    for c, (side, q) in enumerate((("bid", "sz"), ("bid", "ct"), ("ask", "sz"), ("ask", "ct"))):
+        r = first(book_bad[:, 1 + c])
+        if r >= 0:
+            v = arr[f"{side}_{q}"]
+            k = int(np.flatnonzero(np.isfinite(arr[f"{side}_px"][r, :L]) & ~(v[r, :L] >= 0))[0])
+            raise FxDataError(
+                f"OFI {partition}: book column {side}_{q}_{k:02d} invalid ({v[r, k]}) at "
+                f"snapshot {r} with a price present"
+            )
+    if not trades_ok:
         raise FxDataError(f"OFI {partition}: trade columns have different lengths")
-    _check_sorted(t_ts, "trades.ts")
-    if t_size.size and not (np.isfinite(t_size).all() and (t_size >= 0).all()):
-        r = int(np.flatnonzero(~(np.isfinite(t_size) & (t_size >= 0)))[0])
+    _raise_unsorted(t_ts, int(trade_bad[0]), "trades.ts")
+    if trade_bad[1] >= 0:
+        r = int(trade_bad[1])
         raise FxDataError(f"OFI {partition}: trades.size invalid ({t_size[r]}) at trade {r}")
-    if t_sign.size and not np.isin(t_sign, (-1, 0, 1)).all():
+    if trade_bad[2] >= 0:
         raise FxDataError(f"OFI {partition}: trades.sign must be in {{-1, 0, +1}}")
 
     tau = np.ascontiguousarray(bar_ts_close, dtype=np.int64)
@@ -1054,8 +1295,10 @@ def compute_ofi_features(
 
     # Event windows (τ_{j-1}, τ_j]: side="right" puts an event at τ_j in bar j and one at
     # τ_j + 1 ns in bar j+1 (the predecessor's off-by-one put bar t+1's window on bar t).
-    snap_hi = np.searchsorted(b_ts, tau, side="right").astype(np.int64)
-    trd_hi = np.searchsorted(t_ts, tau, side="right").astype(np.int64)
+    snap_hi = np.empty(n, np.int64)
+    trd_hi = np.empty(n, np.int64)
+    _search_right_nb(b_ts, tau, snap_hi)
+    _search_right_nb(t_ts, tau, trd_hi)
     if ts_window_start is None:
         s_lo0, t_lo0 = 0, 0
     else:
@@ -1081,57 +1324,43 @@ def compute_ofi_features(
     seg_snap_lo = snap_lo[seg_start]
     seg_trd_lo = trd_lo[seg_start]
 
-    # Cumulative volume / signed volume over the call (differences only are used: exact for
-    # integer sizes, so VPIN does not depend on where the arrays start).
-    t_sign_f = t_sign.astype(np.float64)
-    cumv = np.cumsum(t_size)
-    cumd = np.cumsum(t_size * t_sign_f)
-
-    loc = np.zeros((n, _N_LOC))
+    loc = np.empty((n, _N_LOC))  # every cell written by the event pass
     asof = np.full(n, -1, np.int64)
     names = _kernel_names(cfg)
-    out = np.empty((n, len(names)))
+    out = np.empty((len(names), n))  # columns × bars: each feature column is contiguous
     decay_ns = cfg.hawkes_decay_s * NS_PER_S
     ti_w = np.asarray(cfg.trade_imbalance_windows, dtype=np.int64)
-    workers = cfg.workers
     k = cfg.n_shards if cfg.n_shards > 0 else 4 * workers
     shards = _shard_bounds(n, max(1, min(k, n)))
 
     def ev(bounds: tuple[int, int]) -> None:
         _event_pass_nb(
-            b_ts, arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], valid,
-            t_ts, t_size, t_sign, snap_lo, snap_hi, trd_lo, trd_hi, seg_snap_lo, tau, reset,
-            L, float(cfg.rv_return_scale), decay_ns, bounds[0], bounds[1], loc, asof,
+            b_ts, arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], arr["bid_ct"],
+            arr["ask_ct"], valid, t_ts, t_size, t_sign, snap_lo, snap_hi, trd_lo, trd_hi,
+            seg_snap_lo, tau, reset, L, tick, float(cfg.rv_return_scale), decay_ns, bounds[0],
+            bounds[1], loc, asof, out,
         )  # fmt: skip
 
     def bp(bounds: tuple[int, int]) -> None:
         _bar_pass_nb(
-            arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], arr["bid_ct"],
-            arr["ask_ct"], loc, asof, tau, ts_window_start is not None,
+            loc, asof, tau, ts_window_start is not None,
             np.int64(ts_window_start if ts_window_start is not None else 0), seg_start,
-            seg_trd_lo, trd_hi, cumv, cumd, t_sign_f, L, float(tick_size),
+            seg_trd_lo, trd_hi, cumv, cumd, t_sign, L,
             float(cfg.vpin_bucket_volume), cfg.vpin_buckets, cfg.kyle_window, cfg.kyle_min_bars,
             float(cfg.rv_return_scale), ti_w, decay_ns, cfg.hawkes_bars, bounds[0], bounds[1],
             out,
         )  # fmt: skip
 
-    if workers <= 1 or len(shards) <= 1:
-        for s in shards:
-            ev(s)
-        for s in shards:
-            bp(s)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(ev, shards))
-            list(pool.map(bp, shards))
+    run_all(ev, shards)  # the bar pass reads the event pass's sums of earlier shards
+    run_all(bp, shards)
 
-    cols: dict[str, F64] = {nm: out[:, i] for i, nm in enumerate(names)}
+    cols: dict[str, F64] = {nm: out[i] for i, nm in enumerate(names)}
     # Lag-1 deltas within a segment (NaN at its first bar).
     for base in _DELTA_OF:
         x = cols[base]
         d = np.full(n, np.nan)
         if n > 1:
-            d[1:] = x[1:] - x[:-1]
+            np.subtract(x[1:], x[:-1], out=d[1:])
         d[reset] = np.nan
         cols[f"d_{base}"] = d
     order = list(ofi_feature_registry(cfg))
@@ -1141,9 +1370,9 @@ def compute_ofi_features(
     return OfiFeatures(
         ts_close=tau[sl].copy(),
         bars_since_reset=bsr[sl].copy(),
-        columns={nm: np.ascontiguousarray(cols[nm][sl]) for nm in order},
+        columns={nm: cols[nm][sl] for nm in order},
         config=cfg,
-        tick_size=float(tick_size),
+        tick_size=tick,
         meta={"fx.partition": partition},
     )
 

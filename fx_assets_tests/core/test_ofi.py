@@ -15,6 +15,8 @@ from fx_assets.core.ofi import (
     OfiConfig,
     OfiFeatures,
     TradeArrays,
+    _first_ge_nb,
+    _search_right_nb,
     book_state_row,
     compute_ofi_features,
     ofi_feature_registry,
@@ -434,6 +436,90 @@ def test_vpin_pro_rata_buckets_hand_case() -> None:
     assert f.columns["trade_imbalance_3"][1] == pytest.approx(10 / 20)
 
 
+def _vpin_ref(size: np.ndarray, sign: np.ndarray, n_buckets: int, v: float) -> float:
+    """VPIN from the definition: n buckets of v contracts ending at the last trade, each trade
+    split pro-rata over the buckets it overlaps (integer sizes: every overlap is exact)."""
+    cum_hi = np.cumsum(size)
+    total = float(cum_hi[-1]) if size.size else 0.0
+    if size.size == 0 or total - n_buckets * v < -1e-9:
+        return math.nan
+    acc = 0.0
+    for k in range(1, n_buckets + 1):
+        lo_c, hi_c = total - k * v, total - (k - 1) * v
+        imb = 0.0
+        for s, g, ch in zip(size, sign, cum_hi, strict=True):
+            ov = max(0.0, min(ch, hi_c) - max(ch - s, lo_c))
+            imb += g * ov
+        acc += abs(imb)
+    return acc / (n_buckets * v)
+
+
+def test_vpin_against_definition_with_long_boundary_moves_and_shards() -> None:
+    # Bars of very different volumes (some without trades), zero-size trades and buckets
+    # much smaller than a bar: the boundary search moves by 0 to hundreds of trades per bar.
+    rng = np.random.default_rng(21)
+    n_tr = 6000
+    t0 = 1_700_000_000_000_000_000
+    t_ts = t0 + np.sort(rng.integers(0, 10**12, n_tr))
+    size = rng.choice(np.array([0.0, 1.0, 1.0, 2.0, 3.0, 7.0]), n_tr)
+    sign = rng.choice(np.array([-1, 0, 1, 1], np.int8), n_tr)
+    trades = TradeArrays(t_ts, np.full(n_tr, 1.1), size, sign)
+    cut = np.sort(rng.choice(np.arange(1, n_tr - 1), 70, replace=False))
+    cut = np.concatenate([cut[:30], np.repeat(cut[30], 3), cut[31:]])  # bars without trades
+    tau = np.append(t_ts[cut], t_ts[-1])
+    inst = np.ones(len(tau), np.uint32)
+    inst[50:] = 2
+    book, _, _, _ = make_market(21, n_snap=300, n_trades=10, n_bars=3, roll_at=None)
+    cfg = small_cfg(vpin_bucket_volume=7.0, vpin_buckets=40, n_shards=1, n_workers=1)
+    seq = run(book, trades, tau, inst, cfg)
+    v = seq.columns["vpin_40"]
+    for j in range(len(tau)):
+        s0 = 0 if j < 50 else 50
+        lo = tau[s0 - 1] if s0 else -(2**62)
+        m = (t_ts > lo) & (t_ts <= tau[j])
+        ref = _vpin_ref(size[m], sign[m].astype(float), 40, 7.0)
+        assert (math.isnan(ref) and math.isnan(v[j])) or v[j] == pytest.approx(ref, abs=1e-12), j
+    assert np.isfinite(v).sum() > 40
+    for k in (2, 3, 7, 13, len(tau)):
+        par = run(book, trades, tau, inst, small_cfg(**{**cfg.model_dump(), "n_shards": k, "n_workers": 2}))
+        assert_same(seq, par, tol=0.0)
+
+
+def test_first_ge_equals_searchsorted_from_any_start() -> None:
+    rng = np.random.default_rng(22)
+    for trial in range(300):
+        n = int(rng.integers(1, 700))
+        a = np.cumsum(rng.choice(np.array([0.0, 0.0, 1.0, 2.5, 4.0]), n))
+        hi = int(rng.integers(0, n + 1))
+        c = float(rng.uniform(-2.0, a[-1] + 2.0)) if trial % 3 else float(rng.choice(a))
+        want = int(np.searchsorted(a[:hi], c, side="left"))
+        # any start p ≤ the answer satisfies the precondition a[i] < c for i < p
+        for p in {0, want, max(0, want - 1), max(0, want - 17), int(rng.integers(0, want + 1))}:
+            assert _first_ge_nb(a, p, hi, c) == want, (trial, p, hi, c)
+
+
+def test_search_right_equals_searchsorted() -> None:
+    rng = np.random.default_rng(23)
+    for _ in range(50):
+        ts = np.sort(rng.integers(0, 200, int(rng.integers(0, 400))))
+        q = np.sort(rng.integers(-10, 220, int(rng.integers(0, 100))))
+        out = np.empty(q.shape[0], np.int64)
+        _search_right_nb(ts, q, out)
+        np.testing.assert_array_equal(out, np.searchsorted(ts, q, side="right"))
+
+
+def test_tick_size_defaults_to_config_and_keyword_overrides() -> None:
+    book, trades, tau, inst = make_market(24)
+    a = run(book, trades, tau, inst, small_cfg())  # keyword TICK, config default 0.25
+    b = compute_ofi_features(book, trades, tau, inst, small_cfg(tick_size=TICK))
+    assert b.tick_size == TICK and a.tick_size == TICK
+    assert_same(a, b, tol=0.0)
+    c = compute_ofi_features(book, trades, tau, inst, small_cfg())
+    assert c.tick_size == 0.25
+    m = np.isfinite(a.columns["spread_ticks"])
+    np.testing.assert_array_equal(c.columns["spread_ticks"][m] * 0.25, a.columns["spread_ticks"][m] * TICK)
+
+
 def _mid_asof(book: BookArrays, t: int, lo: int) -> float:
     ok = (
         np.isfinite(book.bid_px[:, 0])
@@ -582,6 +668,32 @@ def test_input_errors() -> None:
     sz[5, 0] = np.nan
     with pytest.raises(FxDataError, match=r"bid_sz_00.*snapshot 5"):
         run(replace(book, bid_sz=sz), trades, tau, inst)
+    # One validation pass per input, sharded over the book: the first bad row is reported,
+    # and the errors keep their order (book before trades, sizes before counts).
+    par = small_cfg(n_workers=2)
+    ct = book.ask_ct.copy()
+    ct[[700, 1500], 3] = -1.0
+    sz = book.bid_sz.copy()
+    sz[1800, 2] = -1.0
+    bts = book.ts.copy()
+    bts[1200] = bts[1199] - 1
+    bad_book = replace(book, ask_ct=ct, bid_sz=sz)
+    with pytest.raises(FxDataError, match=r"book.ts.*not sorted at row 1200"):
+        run(replace(bad_book, ts=bts), trades, tau, inst, par)
+    with pytest.raises(FxDataError, match=r"bid_sz_02.*snapshot 1800"):
+        run(bad_book, replace(trades, sign=np.full(len(trades.ts), 3, np.int8)), tau, inst, par)
+    with pytest.raises(FxDataError, match=r"ask_ct_03 invalid \(-1.0\).*snapshot 700"):
+        run(replace(book, ask_ct=ct), trades, tau, inst, par)
+    tts = trades.ts.copy()
+    tts[400] = tts[399] - 5
+    tsz = trades.size.copy()
+    tsz[[300, 600]] = [np.inf, np.nan]
+    with pytest.raises(FxDataError, match=r"trades.ts.*not sorted at row 400"):
+        run(book, replace(trades, ts=tts, size=tsz), tau, inst, par)
+    with pytest.raises(FxDataError, match=r"trades.size invalid \(inf\) at trade 300"):
+        run(book, replace(trades, size=tsz), tau, inst, par)
+    with pytest.raises(FxDataError, match=r"different lengths"):
+        run(book, replace(trades, size=tsz[:-1]), tau, inst, par)
 
 
 def test_validate_raises_without_book_and_empty_inputs_work() -> None:
