@@ -25,7 +25,7 @@ import fx_assets
 from fx_assets.core import fxcache as fxcache_format
 from fx_assets.core.bar_features import BarFeatureConfig
 from fx_assets.core.bars import BarConfig
-from fx_assets.core.cachekey import SourceIdentity, cache_key, hexkey
+from fx_assets.core.cachekey import SourceIdentity, cache_key
 from fx_assets.core.calendar import previous_quarter
 from fx_assets.core.ofi import OfiConfig
 
@@ -136,11 +136,6 @@ def fxcache_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> st
         "ofi_features",
         "fxcache",
     )
-
-
-def short(key_hex: str) -> str:
-    """The part of a key that goes into file names (64 bits)."""
-    return hexkey(bytes.fromhex(key_hex))
 
 
 def fold_ranges_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel) -> str:

@@ -28,7 +28,6 @@ quarter only the warm-up tail is read (``ofi_warmup_start``).
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -728,12 +727,6 @@ def quarter_ofi(
             partition=partition,
         )
     return _concat_ofi(outs)
-
-
-def quarter_first_day(bars: BarTable) -> dt.date | None:
-    if not len(bars):
-        return None
-    return dt.date(1970, 1, 1) + dt.timedelta(days=int(bars.session_id[0]))
 
 
 # --- fxcache assembly -----------------------------------------------------------------------
