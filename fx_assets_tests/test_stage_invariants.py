@@ -884,3 +884,30 @@ def test_previous_quarter_tail_is_enough_for_the_ofi_warmup(
         st.quarter_ofi(
             o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=late, prev_book=p.book
         )
+
+
+# --- threaded paths -------------------------------------------------------------------------
+
+
+def test_threaded_passes_equal_the_single_thread_results(
+    market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The roll-volume, active-trade and trend-scanning kernels split large inputs over threads;
+    forcing the split on this small market must give exactly the single-thread outputs."""
+    import numba
+
+    from fx_assets.core import bar_features as bf_core
+    from fx_assets.core import roll as roll_core
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs 2 numba threads")
+    monkeypatch.setattr(roll_core, "_MIN_TRADES_PER_THREAD", 1)
+    monkeypatch.setattr(st, "_MIN_TRADES_PER_THREAD", 1)
+    monkeypatch.setattr(bf_core, "_MIN_BARS_PER_THREAD", 1)
+    threaded = run_chain(market.trades, market.book, tmp_path / "work")
+    for ref, out in zip(market.outs, threaded, strict=True):
+        assert np.array_equal(ref.calendar.instrument_id, out.calendar.instrument_id)
+        for name in ("ts", "price", "size", "sign", "session", "instrument_id"):
+            assert np.array_equal(getattr(ref.trades, name), getattr(out.trades, name)), name
+        for name, col in ref.features.columns.items():
+            assert np.array_equal(col, out.features.columns[name], equal_nan=True), name

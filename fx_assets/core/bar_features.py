@@ -33,9 +33,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -436,31 +438,40 @@ def _cusum_nb(r, sigma, session, k):
     return ev, dirn, since
 
 
-@njit(cache=True)
-def _trend_tvalue_nb(r, lmin, lmax, clip):
-    """Trailing trend-scanning t-value: for L in [lmin, lmax], OLS of ln C on time over bars
-    j-L+1..j; keep the t with the largest |t| (shortest L on ties), clipped to +-clip. ln C is
-    rebuilt locally from the roll-safe returns (origin-free, exact under any warm-up start)."""
-    nb = r.shape[0]
-    out = np.full(nb, np.nan)
+@njit(cache=True, nogil=True)
+def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
+    """Trailing trend-scanning t-value of bars lo..hi-1 (from bar lmax-1 on) into ``out``: for
+    L in [lmin, lmax], OLS of ln C on time over bars j-L+1..j; keep the t with the largest |t|
+    (shortest L on ties), clipped to +-clip. ln C is rebuilt locally from the roll-safe returns
+    (origin-free, exact under any warm-up start)."""
     y = np.empty(lmax, np.float64)
-    for j in range(lmax - 1, nb):
+    # sum (x - xm)^2 depends on L only: computed once, with the per-bar loop's operations.
+    sxx_of = np.zeros(lmax + 1, np.float64)
+    for L in range(lmin, lmax + 1):
+        xm = -(L - 1) / 2.0
+        sxx = 0.0
+        for m in range(L):
+            dx = -m - xm
+            sxx += dx * dx
+        sxx_of[L] = sxx
+    for j in range(max(lo, lmax - 1), hi):
         y[0] = 0.0
         for m in range(1, lmax):
             y[m] = y[m - 1] - r[j - m + 1]  # ln C_{j-m} - ln C_j
         best = 0.0
+        # running sum of y[0..L-1]: the same additions, in the same order, as summing per L
+        acc = 0.0
+        for m in range(lmin - 1):
+            acc += y[m]
         for L in range(lmin, lmax + 1):
             # x = -m (time increases toward bar j); slope is shift invariant
             xm = -(L - 1) / 2.0
-            ym = 0.0
-            for m in range(L):
-                ym += y[m]
-            ym /= L
-            sxx = 0.0
+            acc += y[L - 1]
+            ym = acc / L
+            sxx = sxx_of[L]
             sxy = 0.0
             for m in range(L):
                 dx = -m - xm
-                sxx += dx * dx
                 sxy += dx * (y[m] - ym)
             beta = sxy / sxx
             sse = 0.0
@@ -480,6 +491,29 @@ def _trend_tvalue_nb(r, lmin, lmax, clip):
             if abs(t) > abs(best):
                 best = t
         out[j] = best
+
+
+# Below this many bars per thread one call is faster than starting threads.
+_MIN_BARS_PER_THREAD = 50_000
+
+
+def _trend_tvalue(r: F64, lmin: int, lmax: int, clip: float) -> F64:
+    """``_trend_tvalue_rows_nb`` over all bars (NaN before bar lmax-1). Rows are independent,
+    so contiguous blocks run on numba's thread count of threads (the kernel is nogil) with
+    results identical to one pass: it is most of the bar-feature time."""
+    nb = int(r.shape[0])
+    out = np.full(nb, np.nan)
+    parts = max(1, min(int(numba.get_num_threads()), nb // _MIN_BARS_PER_THREAD))
+    cuts = [nb * p // parts for p in range(parts + 1)]
+    if parts == 1:
+        _trend_tvalue_rows_nb(r, lmin, lmax, clip, 0, nb, out)
+        return out
+    with ThreadPoolExecutor(parts) as pool:
+        list(
+            pool.map(
+                lambda p: _trend_tvalue_rows_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
+            )
+        )
     return out
 
 
@@ -764,7 +798,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             (-c.trend_t_clip, c.trend_t_clip),
             lambda x: x.get(
                 "trend",
-                lambda: _trend_tvalue_nb(x.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
+                lambda: _trend_tvalue(x.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
             ),
         ),
         FeatureSpec(

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -184,10 +186,11 @@ def _session_volume_nb(
     vol: npt.NDArray[np.float64],
     cnt: npt.NDArray[np.int64],
     start: int,
+    end: int,
 ) -> int:
-    """Add each trade's size / count to ``[session, id]`` (rows: the sessions of ``bounds``,
-    see ``calendar.session_table``; columns: sorted ``ids``); halts and weekends skipped.
-    Returns the record where an id not in ``ids`` stops the pass (its length when done)."""
+    """Add the size / count of trades ``start:end`` to ``[session, id]`` (rows: the sessions of
+    ``bounds``, see ``calendar.session_table``; columns: sorted ``ids``); halts and weekends
+    skipped. Returns the record where an id not in ``ids`` stops the pass (``end`` when done)."""
     k = 0
     last_id = -1
     col = -1
@@ -197,7 +200,7 @@ def _session_volume_nb(
     # cell per trade would stall on the store.
     acc_v = 0.0
     acc_n = 0
-    for i in range(start, ts.shape[0]):
+    for i in range(start, end):
         k = interval_of(bounds, ts[i], k)
         if not k & 1:
             continue
@@ -234,7 +237,17 @@ def _session_volume_nb(
     if acc_n:
         vol[row, col] += acc_v
         cnt[row, col] += acc_n
-    return ts.shape[0]
+    return end
+
+
+# Below this many trades one pass is faster than starting threads.
+_MIN_TRADES_PER_THREAD = 1 << 20
+
+
+def _volume_threads(n: int) -> int:
+    """Threads for the session-volume pass over ``n`` trades (numba's thread count, the knob
+    the other parallel stages follow; 1 for small inputs)."""
+    return max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
 
 
 def _sidecar_session_volume(
@@ -251,12 +264,38 @@ def _sidecar_session_volume(
     if ts.size == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.uint32), np.zeros(0, np.float64)
     bounds, days = session_table(*ts_range(ts))
-    vol = np.zeros((days.shape[0], ids.shape[0]), dtype=np.float64)
-    cnt = np.zeros((days.shape[0], ids.shape[0]), dtype=np.int64)
+    n = int(ts.shape[0])
+    shape = (days.shape[0], ids.shape[0])
+    parts = _volume_threads(n)
+    if parts > 1:
+        # The pass is split into contiguous chunks on threads (the kernel is nogil), each into
+        # its own table, summed after: sizes are integers, so the float64 sums are exact and
+        # the result does not depend on the split. An unknown id (normally none) falls back
+        # to the single pass below.
+        cuts = [n * p // parts for p in range(parts + 1)]
+        tabs = [(np.zeros(shape, np.float64), np.zeros(shape, np.int64)) for _ in range(parts)]
+        with ThreadPoolExecutor(parts) as pool:
+            ends = list(
+                pool.map(
+                    lambda p: _session_volume_nb(
+                        ts, cols["instrument_id"], cols["size"], bounds, ids, *tabs[p], cuts[p], cuts[p + 1]
+                    ),
+                    range(parts),
+                )
+            )
+        if ends == cuts[1:]:
+            vol, cnt = tabs[0]
+            for v_part, n_part in tabs[1:]:
+                vol += v_part
+                cnt += n_part
+            r, c = np.nonzero(cnt)
+            return days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]
+    vol = np.zeros(shape, dtype=np.float64)
+    cnt = np.zeros(shape, dtype=np.int64)
     pos = 0
     while True:
-        pos = _session_volume_nb(ts, cols["instrument_id"], cols["size"], bounds, ids, vol, cnt, pos)
-        if pos >= ts.shape[0]:
+        pos = _session_volume_nb(ts, cols["instrument_id"], cols["size"], bounds, ids, vol, cnt, pos, n)
+        if pos >= n:
             break
         # an id the symbology does not know (normally none): add its column and go on
         new_id = int(cols["instrument_id"][pos])

@@ -29,10 +29,13 @@ quarter only the warm-up tail is read (``ofi_warmup_start``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -51,6 +54,7 @@ from fx_assets.core.sidecar import sidecar_columns
 N_LEVELS = 10
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+_T = TypeVar("_T")
 DEFAULT_BOOK_CHUNK = 500_000
 # A trade costs the OFI pass about 1/8 of a book event's memory (~50 B: its slice and the
 # kernel's cumulative sums, against ~500 B for ten levels of six float64 matrices), so a chunk
@@ -159,7 +163,103 @@ def _active_at(bounds: I64, act: I64, t: int, iid: int, k: int) -> tuple[bool, i
 
 
 @njit(cache=True, nogil=True)
-def _active_trades_nb(
+def _active_keep_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    bounds: I64,
+    act: I64,
+    after: int,
+    lo: int,
+    hi: int,
+    keep: npt.NDArray[np.bool_],
+) -> int:
+    """Mark in ``keep`` the kept trades of ``lo:hi`` (1 byte each: no index array); their count."""
+    cnt = 0
+    k = 0
+    for i in range(lo, hi):
+        if ts[i] <= after:
+            continue
+        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+        p = price[i]
+        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+            keep[i] = True
+            cnt += 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def _active_write_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    keep: npt.NDArray[np.bool_],
+    bounds: I64,
+    days: npt.NDArray[np.int32],
+    lo: int,
+    hi: int,
+    j: int,
+    o_ts: I64,
+    o_px: F64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+    o_ss: npt.NDArray[np.int32],
+    o_id: npt.NDArray[np.uint32],
+) -> bool:
+    """Write the kept trades of ``lo:hi`` from output row ``j`` on; False if they are out of
+    ``ts`` order (among themselves: the caller checks across chunks)."""
+    j0 = j
+    k = 0
+    ordered = True
+    for i in range(lo, hi):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j > j0 and t < o_ts[j - 1]:
+            ordered = False
+        k = interval_of(bounds, t, k)
+        o_ts[j] = t
+        o_px[j] = price[i] / PRICE_DIVISOR  # as dbn.px_to_float (price is defined here)
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        o_ss[j] = days[(k - 1) >> 1]
+        o_id[j] = iid[i]
+        j += 1
+    return ordered
+
+
+# The pass's large arrays come from numba's allocator, not numpy's: numpy advises the kernel to
+# back large arrays with transparent huge pages, and on the 2-core benchmark VM the first touch
+# of those is several times slower when the process starts after an idle spell (the ~600 MB of
+# outputs of a scale-1 quarter: 0.75-1.6 s against 0.17-0.33 s).
+@njit(cache=True)
+def _zeros_bool_nb(n: int) -> npt.NDArray[np.bool_]:
+    return np.zeros(n, np.bool_)
+
+
+@njit(cache=True)
+def _active_outputs_nb(
+    n: int,
+) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32]]:
+    return (
+        np.empty(n, np.int64),
+        np.empty(n, np.float64),
+        np.empty(n, np.float64),
+        np.empty(n, np.int8),
+        np.empty(n, np.int32),
+        np.empty(n, np.uint32),
+    )
+
+
+# Below this many trades per thread one pass is faster than starting threads.
+_MIN_TRADES_PER_THREAD = 1 << 20
+
+
+def _active_pass(
     ts: I64,
     iid: npt.NDArray[np.uint32],
     price: I64,
@@ -171,44 +271,49 @@ def _active_trades_nb(
     after: int,
 ) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32], bool]:
     # Pass 1 marks the kept trades (1 byte each), pass 2 writes them: no index array and no
-    # full-length int64 / float64 temporaries. (Threads do not help here: the passes are
-    # bound by memory and by faulting in the outputs.)
-    n = ts.shape[0]
-    keep = np.zeros(n, np.bool_)
-    cnt = 0
-    k = 0
-    for i in range(n):
-        if ts[i] <= after:
-            continue
-        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
-        p = price[i]
-        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
-            keep[i] = True
-            cnt += 1
-    o_ts = np.empty(cnt, np.int64)
-    o_px = np.empty(cnt, np.float64)
-    o_sz = np.empty(cnt, np.float64)
-    o_sg = np.empty(cnt, np.int8)
-    o_ss = np.empty(cnt, np.int32)
-    o_id = np.empty(cnt, np.uint32)
-    j = 0
-    k = 0
-    ordered = True
-    for i in range(n):
-        if not keep[i]:
-            continue
-        t = ts[i]
-        if j and t < o_ts[j - 1]:
-            ordered = False
-        k = interval_of(bounds, t, k)
-        o_ts[j] = t
-        o_px[j] = price[i] / PRICE_DIVISOR  # as dbn.px_to_float (price is defined here)
-        o_sz[j] = size[i]
-        c = side[i]
-        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
-        o_ss[j] = days[(k - 1) >> 1]
-        o_id[j] = iid[i]
-        j += 1
+    # full-length int64 / float64 temporaries. Both passes run on contiguous chunks on
+    # numba's thread count of threads (nogil kernels): faulting in the mapped sidecar and the
+    # outputs is the cost, and it spreads over cores; pass 2 writes each chunk at the offset
+    # the counts of pass 1 give, so the output does not depend on the split.
+    n = int(ts.shape[0])
+    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    keep = _zeros_bool_nb(n)
+
+    def run(fn: Callable[[int], _T]) -> list[_T]:
+        if parts == 1:
+            return [fn(0)]
+        with ThreadPoolExecutor(parts) as pool:
+            return list(pool.map(fn, range(parts)))
+
+    counts = run(
+        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
+    )
+    offsets = [0, *itertools.accumulate(counts)]
+    cnt = offsets[-1]
+    o_ts, o_px, o_sz, o_sg, o_ss, o_id = _active_outputs_nb(cnt)
+    oks = run(
+        lambda p: _active_write_nb(
+            ts,
+            iid,
+            price,
+            size,
+            side,
+            keep,
+            bounds,
+            days,
+            cuts[p],
+            cuts[p + 1],
+            offsets[p],
+            o_ts,
+            o_px,
+            o_sz,
+            o_sg,
+            o_ss,
+            o_id,
+        )
+    )
+    ordered = all(oks) and all(o_ts[j] >= o_ts[j - 1] for j in offsets[1:-1] if 0 < j < cnt)
     return o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered
 
 
@@ -224,7 +329,7 @@ def active_trades(
     cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side"])
     ts = cols["ts_recv"]
     bounds, act, days = _active_table(calendar, ts)
-    o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_trades_nb(
+    o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_pass(
         ts,
         cols["instrument_id"],
         cols["price"],
