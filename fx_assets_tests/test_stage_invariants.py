@@ -911,3 +911,15 @@ def test_threaded_passes_equal_the_single_thread_results(
             assert np.array_equal(getattr(ref.trades, name), getattr(out.trades, name)), name
         for name, col in ref.features.columns.items():
             assert np.array_equal(col, out.features.columns[name], equal_nan=True), name
+
+
+def test_page_releaser_only_touches_file_mappings_and_keeps_data(market: Market) -> None:
+    anon = np.arange(1_000_000, dtype=np.int64)
+    assert st.PageReleaser([anon]).columns == []  # never MADV_DONTNEED on anonymous memory
+    cols = sidecar_columns(market.outs[0].book.path, ["ts_recv", "bid_px_00"])
+    before = {k: v.copy() for k, v in cols.items()}
+    rel = st.PageReleaser(list(cols.values()))
+    assert len(rel.columns) == 2
+    rel.release_before(len(cols["ts_recv"]))
+    for k, v in cols.items():  # released pages fault back in from the page cache
+        assert np.array_equal(v, before[k])
