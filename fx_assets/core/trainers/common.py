@@ -867,6 +867,31 @@ def write_checkpoints(
     return best, last, side
 
 
+def finish_training(
+    out_dir: Path | str,
+    best_state: dict[str, torch.Tensor],
+    last_state: dict[str, torch.Tensor],
+    sidecar: dict[str, Any],
+    best_out: tuple[Any, ...],
+    best_epoch: int,
+    history: list[dict[str, float]],
+) -> TrainResult:
+    """Write the checkpoints and hand back the best epoch's validation results."""
+    m, pos, ret, eq = best_out
+    best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, sidecar)
+    return TrainResult(
+        metrics=dict(m),
+        equity=eq,
+        val_positions=pos,
+        val_returns=ret,
+        best_path=best_p,
+        last_path=last_p,
+        sidecar_path=side_p,
+        best_epoch=best_epoch,
+        history=history,
+    )
+
+
 def load_state(path: Path | str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Read a safetensors checkpoint (for ``model.load_state_dict``)."""
     return load_file(str(path), device=str(device))

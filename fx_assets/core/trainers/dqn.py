@@ -53,6 +53,7 @@ from fx_assets.core.trainers.common import (
     TrainConfig,
     TrainResult,
     evaluate_positions,
+    finish_training,
     make_generator,
     make_optimizer,
     seeded,
@@ -60,7 +61,6 @@ from fx_assets.core.trainers.common import (
     sidecar_base,
     state_to_cpu,
     use_cuda_graph,
-    write_checkpoints,
 )
 
 N_ACTIONS = 3  # short, flat, long; position = action index - 1
@@ -330,11 +330,10 @@ def train_dqn(
         best_epoch, best_state, best_out = stopper.finish()
         last_state = state_to_cpu(online)
 
-    m, pos, ret, eq = best_out
     arch = {"kind": "dueling_dqn", "in_dim": in_dim, "hidden": list(cfg.hidden), "actions": [-1, 0, 1]}
     side = sidecar_base(fold, cfg, input_keys, arch)
     side.update(
-        metrics=m,
+        metrics=best_out[0],
         best_epoch=best_epoch,
         early_stopping={
             "metric": metric,
@@ -347,18 +346,7 @@ def train_dqn(
         updates=updates,
         cuda_graph=runner.captured,
     )
-    best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, side)
-    return TrainResult(
-        metrics=dict(m),
-        equity=eq,
-        val_positions=pos,
-        val_returns=ret,
-        best_path=best_p,
-        last_path=last_p,
-        sidecar_path=side_p,
-        best_epoch=best_epoch,
-        history=history,
-    )
+    return finish_training(out_dir, best_state, last_state, side, best_out, best_epoch, history)
 
 
 def _host_block(y: torch.Tensor, r1: torch.Tensor, sessions: np.ndarray) -> dict[str, np.ndarray]:

@@ -29,6 +29,7 @@ from fx_assets.core.trainers.common import (
     TrainConfig,
     TrainResult,
     evaluate_positions,
+    finish_training,
     make_generator,
     make_optimizer,
     mlp_layers,
@@ -37,7 +38,6 @@ from fx_assets.core.trainers.common import (
     sidecar_base,
     state_to_cpu,
     use_cuda_graph,
-    write_checkpoints,
 )
 
 _EVAL_CHUNK = 1 << 16
@@ -167,11 +167,10 @@ def train_mlp(
         best_epoch, best_state, best_out = stopper.finish()
         last_state = state_to_cpu(model)
 
-    m, pos, ret, eq = best_out
     arch = {"kind": "mlp", "in_dim": fold.n_features, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
     side = sidecar_base(fold, cfg, input_keys, arch)
     side.update(
-        metrics=m,
+        metrics=best_out[0],
         best_epoch=best_epoch,
         early_stopping={
             "metric": metric,
@@ -182,15 +181,4 @@ def train_mlp(
         history=history,
         cuda_graph=runner.captured,
     )
-    best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, side)
-    return TrainResult(
-        metrics=dict(m),
-        equity=eq,
-        val_positions=pos,
-        val_returns=ret,
-        best_path=best_p,
-        last_path=last_p,
-        sidecar_path=side_p,
-        best_epoch=best_epoch,
-        history=history,
-    )
+    return finish_training(out_dir, best_state, last_state, side, best_out, best_epoch, history)
