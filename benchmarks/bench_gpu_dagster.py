@@ -22,20 +22,12 @@ import torch
 
 from fx_assets.core.calendar import quarter_range
 from fx_assets.core.synth import SynthConfig, generate_market
-from fx_assets.definitions import build_definitions
+from fx_assets.definitions import FEATURE_STAGES, build_definitions
 from fx_assets.partitions import partition_key
 from fx_assets.settings import ProjectSettings
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-FEATURES = [
-    "predecoded_trades",
-    "predecoded_mbp10",
-    "roll_calendar",
-    "bars",
-    "bar_features",
-    "ofi_features",
-    "fxcache",
-]
+FEATURES = list(FEATURE_STAGES)
 
 
 def main() -> None:

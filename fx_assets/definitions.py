@@ -47,6 +47,18 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 
+#: The per-partition stages from raw file to fxcache, in order (the ``build_features`` job).
+FEATURE_STAGES = (
+    "predecoded_trades",
+    "predecoded_mbp10",
+    "roll_calendar",
+    "bars",
+    "bar_features",
+    "ofi_features",
+    "fxcache",
+)
+
+
 def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     partitions = quarter_symbol_partitions(settings)
     raw_trades, raw_mbp10 = make_raw_assets(partitions)
@@ -63,6 +75,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
         ofi_features,
         fxcache,
     ]
+    assert tuple(a.key.to_user_string() for a in feature_assets) == FEATURE_STAGES
 
     observe_raw = dg.define_asset_job(
         "observe_raw",

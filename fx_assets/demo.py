@@ -59,7 +59,7 @@ def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int
     )
     ensure_synthetic_market(settings, config, console)
 
-    from fx_assets.definitions import build_definitions
+    from fx_assets.definitions import FEATURE_STAGES, build_definitions
     from fx_assets.partitions import training_partitions
 
     defs = build_definitions(settings)
@@ -67,15 +67,7 @@ def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int
     assets: list[Any] = list(defs.assets or [])
     resources = dict(defs.resources or {})
     sources = [a for a in assets if not isinstance(a, dg.AssetsDefinition)]
-    feature_stages = [
-        "predecoded_trades",
-        "predecoded_mbp10",
-        "roll_calendar",
-        "bars",
-        "bar_features",
-        "ofi_features",
-        "fxcache",
-    ]
+    feature_stages = list(FEATURE_STAGES)
 
     from dagster._core.definitions.observe import observe
 

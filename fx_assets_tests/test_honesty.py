@@ -10,21 +10,13 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from fx_assets.definitions import build_definitions
+from fx_assets.definitions import FEATURE_STAGES, build_definitions
 from fx_assets.partitions import partition_key
 from fx_assets.settings import ProjectSettings
 from fx_assets_tests.conftest import make_market
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-FEATURES = [
-    "predecoded_trades",
-    "predecoded_mbp10",
-    "roll_calendar",
-    "bars",
-    "bar_features",
-    "ofi_features",
-    "fxcache",
-]
+FEATURES = list(FEATURE_STAGES)
 
 
 def train_one_fold(root: Path) -> dict:

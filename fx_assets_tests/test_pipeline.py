@@ -11,13 +11,13 @@ import pytest
 from dagster._core.definitions.observe import observe
 
 from fx_assets.core.sidecar import open_sidecar
-from fx_assets.definitions import build_definitions
+from fx_assets.definitions import FEATURE_STAGES, build_definitions
 from fx_assets.partitions import partition_key
 from fx_assets.settings import ProjectSettings
 
 Q1, Q2, Q3 = dt.date(2024, 1, 1), dt.date(2024, 4, 1), dt.date(2024, 7, 1)
-INGEST = ["predecoded_trades", "predecoded_mbp10", "roll_calendar"]
-FEATURES = [*INGEST, "bars", "bar_features", "ofi_features", "fxcache"]
+FEATURES = list(FEATURE_STAGES)
+INGEST = FEATURES[:3]
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
 
@@ -192,7 +192,7 @@ def test_two_parameter_sets_coexist_on_disk(market: Path) -> None:
     defs = defs_for(market, last=Q1)
     res = dict(defs.resources or {})
     with dg.instance_for_test() as inst:
-        stages = [*INGEST, "bars", "bar_features", "ofi_features", "fxcache"]
+        stages = FEATURES
         a = dg.materialize(
             list(defs.assets or []),
             selection=stages,

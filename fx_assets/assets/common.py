@@ -23,7 +23,7 @@ from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
-from fx_assets.partitions import QuarterSymbol
+from fx_assets.partitions import QuarterSymbol, context_partition
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
@@ -186,3 +186,12 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
         path.unlink(missing_ok=True)
         return None
     return keyed_result(io.key(stage), path, io.part, action="reused", rows=int(rows))
+
+
+def start_stage(
+    context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig, stage: str
+) -> tuple[QuarterSymbol, StageIO, dg.MaterializeResult | None]:
+    """The partition, its stage paths, and the materialization of a cache hit (None: build it)."""
+    part = context_partition(context)
+    io = StageIO(storage, pipeline, part)
+    return part, io, cached_result(io, stage)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import dagster as dg
 import numpy as np
 
-from fx_assets.assets.common import StageIO, cached_result, keyed_result, summary_table
+from fx_assets.assets.common import StageIO, keyed_result, start_stage, summary_table
 from fx_assets.core import lineage
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import FeatureTable, max_window, validate_features
@@ -33,7 +33,7 @@ from fx_assets.core.stages import (
     roll_calendar_from_table,
     write_table,
 )
-from fx_assets.partitions import QuarterSymbol, context_partition, previous_quarter_mapping
+from fx_assets.partitions import QuarterSymbol, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
@@ -89,9 +89,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     def bars(
         context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
-        io = StageIO(storage, pipeline, part)
-        hit = cached_result(io, "bars")
+        part, io, hit = start_stage(context, storage, pipeline, "bars")
         if hit is not None:
             return hit
         t0 = time.perf_counter()
@@ -162,9 +160,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     def bar_features(
         context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
-        io = StageIO(storage, pipeline, part)
-        hit = cached_result(io, "bar_features")
+        part, io, hit = start_stage(context, storage, pipeline, "bar_features")
         if hit is not None:
             return hit
         t0 = time.perf_counter()
@@ -196,9 +192,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     def ofi_features(
         context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
-        io = StageIO(storage, pipeline, part)
-        hit = cached_result(io, "ofi_features")
+        part, io, hit = start_stage(context, storage, pipeline, "ofi_features")
         if hit is not None:
             return hit
         t0 = time.perf_counter()
@@ -255,9 +249,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
     def fxcache(
         context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
-        io = StageIO(storage, pipeline, part)
-        hit = cached_result(io, "fxcache")
+        part, io, hit = start_stage(context, storage, pipeline, "fxcache")
         if hit is not None:
             return hit
         t0 = time.perf_counter()

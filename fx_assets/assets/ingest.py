@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from fx_assets.assets.common import StageIO, cached_result, keyed_result, require_sidecar
+from fx_assets.assets.common import keyed_result, require_sidecar, start_stage
 from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
@@ -95,9 +95,7 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
     def roll_calendar(
         context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
-        io = StageIO(storage, pipeline, part)
-        hit = cached_result(io, "roll_calendar")
+        part, io, hit = start_stage(context, storage, pipeline, "roll_calendar")
         if hit is not None:
             return hit
         info = io.sidecar("trades")
