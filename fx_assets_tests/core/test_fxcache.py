@@ -380,7 +380,10 @@ def _market_columns(n: int = 400) -> dict[str, tuple[list[str], np.ndarray]]:
     rng = np.random.default_rng(3)
     return {
         "feature": (["ret_1", "rsi_14"], rng.normal(size=(n, 2))),
-        "price": (["open", "close", "mid_open", "contract"], np.column_stack([close - 0.25, close, close - 0.125, contract])),
+        "price": (
+            ["open", "close", "mid_open", "contract"],
+            np.column_stack([close - 0.25, close, close - 0.125, contract]),
+        ),
         "ofi": (["ofi_l1"], rng.normal(size=(n, 1))),
     }
 
@@ -408,7 +411,9 @@ def _flip_in_place(p: Path, what: str) -> None:
     if what == "feature":  # a finite feature value, still finite after the change
         off = h.values_offset + (10 * h.row_width + 0) * h.itemsize
         old = np.frombuffer(p.read_bytes()[off : off + h.itemsize], dtype=fxcache.STORAGE[h.dtype])
-        new = (old.view(np.uint16 if h.itemsize == 2 else np.uint32 if h.itemsize == 4 else np.uint64) ^ 1).tobytes()
+        new = (
+            old.view(np.uint16 if h.itemsize == 2 else np.uint32 if h.itemsize == 4 else np.uint64) ^ 1
+        ).tobytes()
         patch(p, off, new)
     elif what == "close":
         off = h.price_offset + (10 * h.price_width + 1) * 8
