@@ -659,10 +659,15 @@ class DeviceStore:
         regions = [(sp, r) for sp in specs for r in (sp.prices, sp.values)]
         max_row = max(r.rowbytes for _, r in regions)
         chunk_bytes = max(self._staging_bytes // max_row, 1) * max_row
-        chunks: list[tuple[_FileSpec, _Region, int, int]] = []
+        per_region = []
         for sp, r in regions:
             rows = max(1, chunk_bytes // r.rowbytes)
-            chunks += [(sp, r, i, min(i + rows, r.n)) for i in range(0, r.n, rows)]
+            per_region.append([(sp, r, i, min(i + rows, r.n)) for i in range(0, r.n, rows)])
+        # round robin over the blocks: a block's chunks are hashed in order, so consecutive
+        # chunks of different blocks let the hashes of several blocks run in parallel
+        chunks: list[tuple[_FileSpec, _Region, int, int]] = [
+            c for step in itertools.zip_longest(*per_region) for c in step if c is not None
+        ]
         n_threads = min(self._io_threads, len(chunks))
         n_buf = min(n_threads + 2, len(chunks))  # every thread busy, two buffers in the copy queue
         bufs = self._staging_pool(n_buf, chunk_bytes)
