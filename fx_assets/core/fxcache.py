@@ -20,8 +20,8 @@ needed to read or write them.
 Every body carries an XXH3-128 checksum (``fx_assets.core.checksum``) written at creation: the
 timestamp, price, value and trailer regions (each including its zero padding) and the header
 fields themselves (cache key included). ``open_fxcache`` verifies them all by default (a full
-read of the file: ~20 ms for a scale-1 quarter, see docs/fxcache.md), so an in-place change of
-any byte is an ``FxCacheError``, never a silent reuse.
+read of the file: 42-57 ms for a scale-1 quarter on the H200 host, see docs/fxcache.md), so an
+in-place change of any byte is an ``FxCacheError``, never a silent reuse.
 
 What is *not* in the file: labels, forward returns, targets, normalisation statistics. They
 look ahead or depend on the fold, so they are derived at training time (labels.py, folds.py).
