@@ -160,6 +160,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(desc, indent=2, default=str))
     else:
         _print_description(desc)
+    if desc.get("valid") is False:  # described, but it fails validation (e.g. a checksum)
+        console.print(f"[red]invalid[/red]: {desc.get('error')}")
+        return 1
     return 0
 
 
