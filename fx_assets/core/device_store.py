@@ -1,21 +1,22 @@
 """Device-resident store of fxcache quarters: upload each quarter once, slice per fold by index.
 
-Owns the host→device path of the training stage (DESIGN §6): every quarter's value block is
-uploaded exactly once per store (one run), staged through a small pinned host buffer in chunks
-so host memory stays bounded whatever the quarter size, and kept on the device for the whole
-run. Folds never copy from the host again: :meth:`DeviceStore.concat_view` hands back a
-:class:`DeviceSlice` — the time-ordered concatenation of the named quarters, built once per
-distinct key set by a device→device ``torch.cat`` (or a plain view for a single quarter) — and
-fold code slices it by index.
+Owns the host→device path of the training stage (DESIGN §6): every quarter's two fxcache
+blocks (the f64 price block and the value block) are uploaded exactly once per store (one run),
+one copy per block, staged through a small pinned host buffer in chunks so host memory stays
+bounded whatever the quarter size, and kept on the device for the whole run. Folds never copy
+from the host again: :meth:`DeviceStore.concat_view` hands back a :class:`DeviceSlice` — the
+time-ordered concatenation of the named quarters, built once per distinct key set by a
+device→device ``torch.cat`` (or a plain view for a single quarter) — and fold code slices it by
+index.
 
 Layout on the device, per quarter
 ---------------------------------
 - ``values``: ``[n, w]`` in the store's value dtype (float32 by default, or bfloat16), every
-  column of the fxcache row in file order. A uint16 source is taken as bfloat16 bit patterns
+  column of the fxcache value block (features, OFI, padding) in file order. A uint16 source is taken as bfloat16 bit patterns
   (the fxcache ``bf16`` value dtype) and moved as 2-byte words, so a bf16 cache crosses the bus
   at half the f32 size.
 - ``prices``: ``[n, k]`` float64, the *price columns* (from an fxcache file: its f64 price
-  block, padding included, uploaded as it is; ``close`` is required). Labels are log-returns
+  block, uploaded as it is with its padding, of which this is a view; ``close`` is required). Labels are log-returns
   of close prices over a few bars (a tick is ~5e-5 of the price), so they are derived from
   exact float64 prices only: the store refuses prices from any other source (an f32 / bf16
   value block, whose 8 mantissa bits once turned 130 distinct closes into 2), and, given the
@@ -30,14 +31,18 @@ Layout on the device, per quarter
 
 Fast path from fxcache files
 ----------------------------
-:meth:`DeviceStore.add_fxcache` / :meth:`DeviceStore.add_fxcaches` read the value block of
-fxcache files straight into a pool of pinned chunk buffers with several threads
+:meth:`DeviceStore.add_fxcache` / :meth:`DeviceStore.add_fxcaches` read the price and value
+blocks of fxcache files straight into a pool of pinned chunk buffers with several threads
 (``os.preadv``: the copy out of the page cache runs outside the GIL), and copy each filled
-buffer to the device on a dedicated CUDA stream while the threads fill the next ones. A buffer
-is refilled only after the event of its last copy has completed, so host memory is bounded by
-the pool (``io_threads + 2`` buffers of ``staging_bytes``) whatever the file size. The value
-checks of ``open_fxcache`` (finite values) and of the prices (finite, positive) run on the
-device and are read back with one host sync per call.
+buffer to the device on a dedicated CUDA stream while the threads fill the next ones. Each
+chunk is also fed, in file order per block, to that block's XXH3-128 hasher on a second thread
+pool (chunks go round robin over the blocks, so several blocks hash at once), and a block whose
+digest differs from the file's is an ``FxCacheError`` before anything is registered: the bytes
+verified are the bytes uploaded (header, timestamps and trailer are verified on open). A
+buffer is refilled only after its last copy and its hash have completed, so host memory is
+bounded by the pool (``io_threads + 2`` buffers of ``staging_bytes``) whatever the file size.
+The value checks (finite values) and the price checks (finite, positive, on the tick grid, not
+coarser than the tick) run on the device and are read back with one host sync per call.
 
 With no CUDA device the same code runs on the CPU (no pinning, synchronous copies).
 """
