@@ -435,3 +435,25 @@ def test_same_fold_from_f32_bf16_f64_caches_has_identical_labels(tmp_path: Path)
     # ... and only the model inputs differ (bf16 rounds them)
     assert not torch.equal(folds["bf16"].x_train, ref.x_train)
     assert not torch.equal(folds["bf16"].mean, ref.mean)
+
+
+def test_fold_transition_does_no_calendar_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session ids are computed once per quarter at upload; a fold's transition (the asset's
+    call) computes none, so its cost does not include host calendar work (issue 9.3)."""
+    items, starts = _market_caches(tmp_path, "f32")
+    store = DeviceStore(device="cpu", price_tick=0.25)
+    store.add_fxcaches(items)
+    view = store.concat_view([k for k, _ in items])
+    want = calendar.session_day(view.ts)
+    cfg = TrainConfig(trainer="mlp")
+    fr = fold_range(
+        view.ts, starts, 2, FoldConfig(train_quarters=2, purge_bars=cfg.purge_bars, warmup_bars=0), name="q3"
+    )
+
+    def no_calendar(*a: object, **k: object) -> None:
+        raise AssertionError("calendar.session_day called during a fold transition")
+
+    monkeypatch.setattr(calendar, "session_day", no_calendar)
+    fold = fold_transition(view, fr, cfg)
+    np.testing.assert_array_equal(fold.val_sessions, want[fr.val_start : fr.val_end])
+    np.testing.assert_array_equal(fold.train_sessions, want[fr.train_start : fr.train_end])
