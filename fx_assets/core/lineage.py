@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 import fx_assets
 from fx_assets.core import fxcache as fxcache_format
@@ -27,6 +27,7 @@ from fx_assets.core.bar_features import BarFeatureConfig
 from fx_assets.core.bars import BarConfig
 from fx_assets.core.cachekey import SourceIdentity, cache_key
 from fx_assets.core.calendar import previous_quarter
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.ofi import OfiConfig
 
 #: Bump a stage's code version when its output changes for the same inputs and config.
@@ -44,10 +45,8 @@ CODE_VERSIONS: dict[str, str] = {
 TABLE_FORMAT_VERSION = 1
 
 
-class FxCacheConfig(BaseModel):
+class FxCacheConfig(ConfigModel):
     """How the per-quarter fxcache file is written."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     dtype: Literal["f32", "bf16", "f64"] = Field(
         "f32",
