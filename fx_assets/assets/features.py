@@ -2,8 +2,10 @@
 
 Each asset reads its inputs (sidecars and upstream stage files, located by cache key), calls
 one core function, validates, writes its output atomically under a keyed name and reports
-metadata. Warm-up: ``bar_features`` and ``ofi_features`` start from the previous quarter's
-bars (declared as a previous-quarter dependency), so an interior quarter drops no bar.
+metadata. Warm-up: ``bar_features`` and ``ofi_features`` start from the previous quarters' bars
+(declared as a previous-quarter dependency), so an interior quarter drops no bar; the quarters
+read are the ones :mod:`fx_assets.core.lineage` plans for their keys (``StageIO.bar_features_warmup``,
+``StageIO.ofi_warmup_quarter``), so a key lists exactly the files the computation opened.
 """
 
 import time

@@ -279,14 +279,15 @@ class _Graph:
         """The definitions a piece of ``mod``'s code names (imports inside functions included)."""
         local: dict[str, Ref] = {}
         out: set[Node] = set()
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Import | ast.ImportFrom):
-                for name, ref in _import_refs(n, mod.name, mod.is_package):
-                    if name == "*":
-                        out |= self.whole(ref[0])
-                    else:
-                        local[name] = ref
-        for name, attrs in _refs(tree):
+        imports: list[ast.Import | ast.ImportFrom] = []
+        refs = list(_refs(tree, imports))
+        for n in imports:
+            for name, ref in _import_refs(n, mod.name, mod.is_package):
+                if name == "*":
+                    out |= self.whole(ref[0])
+                else:
+                    local[name] = ref
+        for name, attrs in refs:
             found: Ref | None = local.get(name) or mod.aliases.get(name)
             if found is not None:
                 out |= self.resolve(found, attrs)
@@ -314,8 +315,9 @@ class _Graph:
         return seen
 
 
-def _refs(tree: ast.AST) -> Iterator[tuple[str, list[str]]]:
-    """Every name the tree reads, with the attributes read from it (``a.b.c`` -> a, [b, c])."""
+def _refs(tree: ast.AST, imports: list[ast.Import | ast.ImportFrom]) -> Iterator[tuple[str, list[str]]]:
+    """Every name the tree reads, with the attributes read from it (``a.b.c`` -> a, [b, c]);
+    the import statements met are appended to ``imports``."""
     todo: list[ast.AST] = [tree]
     while todo:
         n = todo.pop()
@@ -332,6 +334,8 @@ def _refs(tree: ast.AST) -> Iterator[tuple[str, list[str]]]:
         elif isinstance(n, ast.Name):
             yield n.id, []
         else:
+            if isinstance(n, ast.Import | ast.ImportFrom):
+                imports.append(n)
             todo.extend(ast.iter_child_nodes(n))
 
 
