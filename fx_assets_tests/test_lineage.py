@@ -133,7 +133,7 @@ def _loader(tmp_path: Path, **fields):
     return DeviceFxCacheLoader(storage=FxStorage(root=str(tmp_path)), pipeline=PipelineConfig(), **fields)
 
 
-def _asset_model_key(tmp_path: Path, loader) -> str:
+def _asset_model_key(tmp_path: Path, loader, training=None) -> str:
     """The model key exactly as the trained_model asset computes it (model_dir)."""
     from fx_assets.assets import training as training_assets
     from fx_assets.partitions import QuarterSymbol
@@ -150,7 +150,11 @@ def _asset_model_key(tmp_path: Path, loader) -> str:
     mp.setattr(training_assets, "StageIO", FakeIO)
     try:
         _, key, _ = training_assets.model_dir(
-            loader.storage, loader.pipeline, default_training(2), loader, QuarterSymbol(Q, "ES.FUT")
+            loader.storage,
+            loader.pipeline,
+            training or default_training(2),
+            loader,
+            QuarterSymbol(Q, "ES.FUT"),
         )
     finally:
         mp.undo()
@@ -311,4 +315,61 @@ def test_dagster_config_subclass_gives_the_core_key(tmp_path: Path) -> None:
     lookup = lookup_factory()
     assert lineage.fxcache_key(p.stage_configs(), lookup, Q, many_bars) == lineage.fxcache_key(
         dataclasses.replace(stages(), bars=BarConfig(volume_bar_size=250)), lookup, Q, many_bars
+    )
+
+
+def test_every_training_resource_field_moves_the_model_key(tmp_path: Path) -> None:
+    """Every leaf field of the training resource, found by introspection, reaches the model key
+    through model_dir (a field added to the resource itself is covered too)."""
+    from fx_assets.resources.training import TrainingConfig, default_training
+
+    base = default_training(2)
+    loader = _loader(tmp_path)
+    k0 = _asset_model_key(tmp_path, loader, base)
+    paths = config_fields(TrainingConfig)
+    assert "train.lr" in paths and "folds.purge_bars" in paths
+    for path in paths:
+        info = field_info_at(TrainingConfig, path)
+        for value in mutate_field_value(get_field(base, path), info):
+            try:
+                changed = replace_field(base, path, value)
+                _asset_model_key(tmp_path, loader, changed)
+            except ValueError:
+                continue
+            break
+        else:
+            pytest.fail(f"no valid mutation for TrainingConfig.{path}")
+        assert _asset_model_key(tmp_path, loader, changed) != k0, (
+            f"TrainingConfig.{path} is not in the model key"
+        )
+
+
+def test_every_pipeline_resource_field_reaches_the_keys() -> None:
+    """Every leaf field of the pipeline resource moves the fxcache key, except the documented
+    ones that change no output (``PIPELINE_KEY_EXCLUDED``, which must name real fields)."""
+    from fx_assets.resources.pipeline import PIPELINE_KEY_EXCLUDED, PipelineConfig
+
+    assert PIPELINE_KEY_EXCLUDED <= set(PipelineConfig.model_fields)
+    base = PipelineConfig()
+    lookup = lookup_factory()
+    k0 = lineage.fxcache_key(base.stage_configs(), lookup, Q, many_bars)
+    checked = 0
+    for path in config_fields(PipelineConfig):
+        if path.split(".")[0] in PIPELINE_KEY_EXCLUDED:
+            continue
+        info = field_info_at(PipelineConfig, path)
+        for value in mutate_field_value(get_field(base, path), info):
+            try:
+                changed = replace_field(base, path, value)
+            except ValueError:
+                continue
+            break
+        else:
+            pytest.fail(f"no valid mutation for PipelineConfig.{path}")
+        k1 = lineage.fxcache_key(changed.stage_configs(), lookup, Q, many_bars)  # type: ignore[attr-defined]
+        assert k1 != k0, f"PipelineConfig.{path} is not in the fxcache key"
+        checked += 1
+    assert checked == sum(
+        len(config_fields(type(getattr(base.stage_configs(), f.name))))
+        for f in dataclasses.fields(StageConfigs)
     )
