@@ -20,7 +20,8 @@ The versions enter the cache keys (:mod:`fx_assets.core.lineage`) and are the Da
 of the stages that use it (and, through the chained keys, everything downstream) and the UI
 shows those assets as unsynced. Hand-typed numbers remain only for on-disk layouts (sidecar,
 table and fxcache format versions). The ``ast.dump`` form depends on the Python minor version,
-so a new Python rebuilds the caches once.
+so a new Python rebuilds the caches once. Library versions (numpy, numba, torch) are not part
+of the versions.
 """
 
 from __future__ import annotations
@@ -373,13 +374,31 @@ def _stage_nodes(graph: _Graph, entries: Iterable[str]) -> tuple[set[Node], list
         if not inner:
             start.update((module, i) for i in mod.bindings[top])
             continue
-        fn = _nested(mod.stmts[mod.bindings[top][-1]], inner)
+        outer = mod.stmts[mod.bindings[top][-1]]
+        scope = _nested(outer, inner[:-1]) if len(inner) > 1 else outer
+        fn = _nested(outer, inner)
         body = ast.Module(body=list(fn.body), type_ignores=[])  # without its (wiring) decorators
         returns = ast.dump(fn.returns) if fn.returns is not None else ""
         extra.append(f"{entry}|{ast.dump(fn.args)}|{returns}|{ast.dump(body)}")
-        start |= graph.targets(mod, fn.args) | graph.targets(mod, body) | graph.imported(module)
-        if fn.returns is not None:
-            start |= graph.targets(mod, fn.returns)
+        parts: list[ast.AST] = [fn.args, body, *([fn.returns] if fn.returns is not None else [])]
+        start |= graph.imported(module)
+        # Names bound in the enclosing function (a helper defined in the factory) are followed
+        # there: their statements count, and what they name in turn.
+        local: dict[str, list[ast.stmt]] = {}
+        for st in getattr(scope, "body", []):
+            for name in _bound_names(st):
+                if name != fn.name:
+                    local.setdefault(name, []).append(st)
+        done: set[str] = set()
+        while parts:
+            tree = parts.pop()
+            start |= graph.targets(mod, tree)
+            for name, _ in _refs(tree, []):
+                if name in local and name not in done:
+                    done.add(name)
+                    for st in local[name]:
+                        extra.append(f"{entry}|local|{ast.dump(st)}")
+                        parts.append(st)
     return graph.closure(start), extra
 
 

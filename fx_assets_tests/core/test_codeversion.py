@@ -204,3 +204,56 @@ def test_lineage_keys_use_the_derived_versions() -> None:
         return SourceIdentity(f"/raw/{schema}/{quarter}.dbn.zst", 1000, 5, "ab" * 32)
 
     assert lineage.fxcache_key(cfg, lookup, Q, lambda q: 10**6) == keys_with(versions)["fxcache"]
+
+
+SYNTH = {
+    "__init__.py": '"""pkg"""\n',
+    "core/__init__.py": "",
+    "core/k.py": (
+        '"""kernels"""\nSCALE = 2\nOTHER = 3\n\n\ndef kern(x):\n    """doc"""\n    return x * SCALE\n\n\n'
+        "def unrelated(x):\n    return x + OTHER\n\n\nREGISTRY = []\nREGISTRY.append(kern)\n"
+    ),
+    "core/reexport.py": "from fx_assets.core.k import kern as kern2\n",
+    "m.py": (
+        "from fx_assets.core import k as kmod\nfrom fx_assets.core.reexport import kern2\n\n\n"
+        "def factory(flag):\n    HELPER_C = 5\n    UNUSED_C = 6\n\n"
+        "    def helper(x):\n        return kmod.REGISTRY[0](x) + HELPER_C\n\n"
+        "    @decorate(description='wiring')\n    def inner(x):\n        return helper(x) + kern2(x)\n\n"
+        "    return inner\n"
+    ),
+}
+
+
+def synth_versions(tmp_path: Path, **edits: tuple[str, str]) -> str:
+    root = tmp_path / f"synth{len(list(tmp_path.iterdir()))}"
+    for rel, text in SYNTH.items():
+        for file, (old, new) in edits.items():
+            if file.replace("__", "/") + ".py" == rel:
+                assert old in text
+                text = text.replace(old, new)
+        p = root / "fx_assets" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return codeversion.compute_stage_versions(root, {"s": ("fx_assets.m:factory.inner",)})["s"]
+
+
+def test_the_walk_follows_aliases_reexports_factory_locals_and_registries(tmp_path: Path) -> None:
+    base = synth_versions(tmp_path)
+    moves = {
+        "kernel constant": {"core__k": ("SCALE = 2", "SCALE = 4")},
+        "factory-local helper": {"m": ("HELPER_C = 5", "HELPER_C = 7")},
+        "module-level registry fill": {
+            "core__k": ("REGISTRY.append(kern)", "REGISTRY.append(kern)\nREGISTRY.append(kern)")
+        },
+        "entry body": {"m": ("return helper(x) + kern2(x)", "return helper(x) - kern2(x)")},
+    }
+    for what, edit in moves.items():
+        assert synth_versions(tmp_path, **edit) != base, what
+    stays = {
+        "unrelated function": {"core__k": ("OTHER = 3", "OTHER = 9")},
+        "unused factory local": {"m": ("UNUSED_C = 6", "UNUSED_C = 8")},
+        "entry decorator (wiring)": {"m": ("description='wiring'", "description='other'")},
+        "docstring": {"core__k": ('"""doc"""', '"""other doc"""')},
+    }
+    for what, edit in stays.items():
+        assert synth_versions(tmp_path, **edit) == base, what
