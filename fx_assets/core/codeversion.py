@@ -64,19 +64,41 @@ VERSION_CHARS = 16  # hex digits of a version (64 bits)
 # --- normalised source ----------------------------------------------------------------------
 
 
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")  # fields holding statements
+
+
+def _child_statements(node: ast.AST) -> Iterator[ast.AST]:
+    for name in _BLOCKS:
+        yield from getattr(node, name, None) or ()
+
+
+def _is_field_call(value: ast.expr | None) -> bool:
+    if not isinstance(value, ast.Call):
+        return False
+    f = value.func
+    return (isinstance(f, ast.Name) and f.id == "Field") or (
+        isinstance(f, ast.Attribute) and f.attr == "Field"
+    )
+
+
 def _strip_docs(tree: ast.AST) -> None:
-    """Remove docstrings and ``Field(description=...)`` texts in place (they do not compute)."""
-    for node in ast.walk(tree):
+    """Remove docstrings and the ``description=`` of class-level ``Field(...)`` in place (they
+    do not compute). Walks statements only, not expressions: it runs over the whole package."""
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 if isinstance(body[0].value.value, str):
                     node.body = body[1:] or [ast.Pass()]
-        elif isinstance(node, ast.Call):
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            if name == "Field":
-                node.keywords = [k for k in node.keywords if k.arg != "description"]
+        if isinstance(node, ast.ClassDef):
+            for st in node.body:
+                value = st.value if isinstance(st, ast.Assign | ast.AnnAssign) else None
+                if _is_field_call(value):
+                    assert isinstance(value, ast.Call)
+                    value.keywords = [k for k in value.keywords if k.arg != "description"]
+        todo.extend(_child_statements(node))
 
 
 def _bound_names(stmt: ast.stmt) -> set[str]:
@@ -110,14 +132,14 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
 
 
 def _walk_scope(stmt: ast.stmt) -> Iterator[ast.AST]:
-    """Nodes of a module-level statement, not descending into function or class bodies."""
+    """A module-level statement and the statements nested in its blocks (if / try / for / with),
+    not descending into function or class bodies."""
     todo: list[ast.AST] = [stmt]
     while todo:
         node = todo.pop()
         yield node
-        if node is not stmt and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            continue
-        todo.extend(ast.iter_child_nodes(node))
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            todo.extend(_child_statements(node))  # a def binds its name only
 
 
 Ref = tuple[str, str | None]  # (module, attribute or None for the module itself)
