@@ -158,6 +158,28 @@ def test_features_then_one_training_run(market: Path) -> None:
         rm = meta(rep, "walk_forward_report")
         assert rm["missing_folds"] == "none"
         assert np.isfinite(float(rm["ES.FUT_sharpe"]))
+
+        # Issue 8.1: the loader's value dtype shapes the model, so a bfloat16 request trains new
+        # models instead of reusing the float32 ones; the float32 request then reuses its own.
+        from fx_assets.resources.training import DeviceFxCacheLoader
+
+        res = dict(defs.resources or {})
+        for dtype, action in (("bfloat16", "| trained |"), ("float32", "| reused |")):
+            loader = DeviceFxCacheLoader(storage=res["storage"], pipeline=res["pipeline"], value_dtype=dtype)
+            r = job.execute_in_process(
+                instance=inst,
+                resources={**res, "fxcache_loader": loader},
+                run_config=QUIET,
+                tags={
+                    "dagster/asset_partition_range_start": "2024-04|ES.FUT",
+                    "dagster/asset_partition_range_end": "2024-07|ES.FUT",
+                },
+            )
+            assert r.success
+            assert meta(r, "trained_model")["folds"].count(action) == 2, (
+                dtype,
+                meta(r, "trained_model")["folds"],
+            )
         assert (market / "reports" / "ES.FUT_walk_forward.png").stat().st_size > 1000
 
 

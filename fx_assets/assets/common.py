@@ -45,6 +45,7 @@ class StageIO:
         self.cfg = pipeline.stage_configs()
         self.part = part
         self._idents: dict[tuple[str, dt.date], SourceIdentity | None] = {}
+        self._bar_counts: dict[dt.date, int] = {}
 
     # raw sources -------------------------------------------------------------------------
     def raw(self, schema: str, quarter: dt.date | None = None) -> Path:
@@ -70,13 +71,32 @@ class StageIO:
         lookup = self.identity
         if stage == "roll_calendar":
             return lineage.roll_calendar_key(lookup, q)
-        fn = {
-            "bars": lineage.bars_key,
-            "bar_features": lineage.bar_features_key,
-            "ofi_features": lineage.ofi_features_key,
-            "fxcache": lineage.fxcache_key,
-        }[stage]
-        return fn(self.cfg, lookup, q)
+        if stage == "bars":
+            return lineage.bars_key(self.cfg, lookup, q)
+        if stage == "bar_features":
+            return lineage.bar_features_key(self.cfg, lookup, q, self.bar_count)
+        if stage == "ofi_features":
+            return lineage.ofi_features_key(self.cfg, lookup, q)
+        if stage == "fxcache":
+            return lineage.fxcache_key(self.cfg, lookup, q, self.bar_count)
+        raise KeyError(f"unknown stage {stage!r}")
+
+    def bar_count(self, quarter: dt.date) -> int:
+        """Bars in the quarter's bars file for the current sources and config (a Failure naming
+        the asset to materialize when it is missing): the warm-up plan depends on it."""
+        if quarter not in self._bar_counts:
+            from fx_assets.core.stages import read_table
+
+            self._bar_counts[quarter] = read_table(self.require("bars", quarter)).num_rows
+        return self._bar_counts[quarter]
+
+    def bar_features_warmup(self) -> tuple[dt.date, ...]:
+        """The quarters whose bars warm up this partition's bar features (as its key lists)."""
+        return lineage.bar_features_warmup(self.cfg, self.identity, self.bar_count, self.part.quarter)
+
+    def ofi_warmup_quarter(self) -> dt.date | None:
+        """The quarter whose tail warms up this partition's OFI (as its key lists)."""
+        return lineage.ofi_warmup_quarter(self.identity, self.part.quarter)
 
     def path(self, stage: str, quarter: dt.date | None = None) -> Path:
         q = quarter or self.part.quarter

@@ -2,8 +2,10 @@
 
 Each asset reads its inputs (sidecars and upstream stage files, located by cache key), calls
 one core function, validates, writes its output atomically under a keyed name and reports
-metadata. Warm-up: ``bar_features`` and ``ofi_features`` start from the previous quarter's
-bars (declared as a previous-quarter dependency), so an interior quarter drops no bar.
+metadata. Warm-up: ``bar_features`` and ``ofi_features`` start from the previous quarters' bars
+(declared as a previous-quarter dependency), so an interior quarter drops no bar; the quarters
+read are the ones :mod:`fx_assets.core.lineage` plans for their keys (``StageIO.bar_features_warmup``,
+``StageIO.ofi_warmup_quarter``), so a key lists exactly the files the computation opened.
 """
 
 import time
@@ -15,9 +17,9 @@ import numpy as np
 from fx_assets.assets.common import StageIO, keyed_result, start_stage, summary_table
 from fx_assets.core import lineage
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.bar_features import FeatureTable, max_window, validate_features
+from fx_assets.core.bar_features import FeatureTable, validate_features
 from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
-from fx_assets.core.calendar import previous_quarter, session_label
+from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import write_fxcache
 from fx_assets.core.stages import (
@@ -53,21 +55,6 @@ def _book(io: StageIO, quarter) -> BookSource:
     return BookSource(io.sidecar("mbp-10", quarter).path, cal)
 
 
-def _previous_bars(io: StageIO, need: int) -> list[BarTable]:
-    """Bars of earlier quarters (oldest first), walking back until ``need`` bars or no raw data."""
-    out: list[BarTable] = []
-    q = io.part.quarter
-    have = 0
-    while have < need:
-        q = previous_quarter(q)
-        if not io.has_raw("trades", q):
-            break
-        b = _load_bars(io, q)
-        out.insert(0, b)
-        have += len(b)
-    return out
-
-
 def _guard(part: QuarterSymbol, fn: Callable[[], object]) -> object:
     try:
         return fn()
@@ -82,7 +69,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         partitions_def=partitions_def,
         deps=[roll_calendar, predecoded_trades],
         group_name="features",
-        code_version=lineage.CODE_VERSIONS["bars"],
+        code_version=lineage.code_version("bars"),
         kinds={"numba", "arrow"},
         description="Volume / dollar / imbalance bars of the active contract (never across a session or roll).",
     )
@@ -153,7 +140,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         partitions_def=partitions_def,
         deps=[dg.AssetDep(bars, partition_mapping=prev)],
         group_name="features",
-        code_version=lineage.CODE_VERSIONS["bar_features"],
+        code_version=lineage.code_version("bar_features"),
         kinds={"numba", "arrow"},
         description="Bar-level technical features (registry in fx_assets.core.bar_features), warmed up from the previous quarter.",
     )
@@ -165,7 +152,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             return hit
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
-        previous = _previous_bars(io, max_window(io.cfg.bar_features))
+        previous = [_load_bars(io, q) for q in io.bar_features_warmup()]
         table = _guard(part, lambda: quarter_bar_features(cur, previous, io.cfg.bar_features))
         assert isinstance(table, FeatureTable)
         _guard(part, lambda: validate_features(table, part.label))
@@ -185,7 +172,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         partitions_def=partitions_def,
         deps=[dg.AssetDep(bars, partition_mapping=prev), predecoded_mbp10],
         group_name="features",
-        code_version=lineage.CODE_VERSIONS["ofi_features"],
+        code_version=lineage.code_version("ofi_features"),
         kinds={"numba", "arrow"},
         description="Order-flow imbalance and book features per bar over its own formation window (registry in fx_assets.core.ofi).",
     )
@@ -198,8 +185,8 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
         kw: dict = {}
-        pq = previous_quarter(part.quarter)
-        if io.has_raw("trades", pq) and io.has_raw("mbp-10", pq):
+        pq = io.ofi_warmup_quarter()
+        if pq is not None:
             prev_bars, prev_book = _load_bars(io, pq), _book(io, pq)
             # Only the previous quarter's tail is replayed: load its trades from the warm-up start.
             start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
@@ -239,7 +226,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         partitions_def=partitions_def,
         deps=[bars, bar_features, ofi_features],
         group_name="features",
-        code_version=lineage.CODE_VERSIONS["fxcache"],
+        code_version=lineage.code_version("fxcache"),
         kinds={"fxcache"},
         description=(
             "One flat file per quarter and symbol (docs/fxcache.md): bar timestamps, then features, "

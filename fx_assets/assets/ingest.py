@@ -23,7 +23,8 @@ from fx_assets.partitions import context_partition, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
-SIDECAR_CODE_VERSION = f"sidecar-v{sidecar_core.SIDECAR_FORMAT_VERSION}"
+#: The decoder's code version (derived from its code) with the sidecar layout it writes.
+SIDECAR_CODE_VERSION = f"sidecar-v{sidecar_core.SIDECAR_FORMAT_VERSION}-{lineage.code_version('predecoded')}"
 
 
 class DecodeConfig(dg.Config):
@@ -85,7 +86,7 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
         partitions_def=partitions_def,
         deps=[dg.AssetDep(predecoded_trades, partition_mapping=previous_quarter_mapping())],
         group_name="ingest",
-        code_version=lineage.CODE_VERSIONS["roll_calendar"],
+        code_version=lineage.code_version("roll_calendar"),
         kinds={"arrow"},
         description=(
             "Active outright contract per session (most volume in the previous session, never "

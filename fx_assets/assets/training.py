@@ -32,7 +32,7 @@ from fx_assets.core.trainers.transition import fold_transition
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
-from fx_assets.resources.training import ResidentQuarters, TrainingConfig, quarter_window
+from fx_assets.resources.training import DeviceFxCacheLoader, ResidentQuarters, TrainingConfig, quarter_window
 
 GPU_TAGS = {"fx/gpu": "1"}
 
@@ -50,17 +50,26 @@ def fold_file(
 ) -> tuple:
     parts = fold_parts(part, training.folds.train_quarters)
     keys = fxcache_keys(storage, pipeline, parts)
-    key = lineage.fold_ranges_key(keys, training.fold_config())
+    key = lineage.fold_ranges_key(keys, training.fold_config(), training.train_config().purge_bars)
     path = storage.layout.stage_file("fold_ranges", part.symbol, part.quarter, key, "json")
     return parts, keys, key, path
 
 
 def model_dir(
-    storage: FxStorage, pipeline: PipelineConfig, training: TrainingConfig, part: QuarterSymbol
+    storage: FxStorage,
+    pipeline: PipelineConfig,
+    training: TrainingConfig,
+    loader: DeviceFxCacheLoader,
+    part: QuarterSymbol,
 ) -> tuple:
+    """(fxcache keys, model key, directory) of a fold: the key covers the fold's inputs, the
+    fold and trainer configs and the device loader's settings (``key_settings``)."""
     parts = fold_parts(part, training.folds.train_quarters)
     keys = fxcache_keys(storage, pipeline, parts)
-    key = lineage.trained_model_key(keys, training.fold_config(), training.train_config())
+    cfg = training.train_config()
+    key = lineage.trained_model_key(
+        keys, training.fold_config(), cfg, loader.key_settings(), label_horizon=cfg.purge_bars
+    )
     return keys, key, storage.layout.models_dir(part.symbol, part.quarter, key)
 
 
@@ -85,7 +94,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         partitions_def=training_partitions,
         deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping)],
         group_name="training",
-        code_version=lineage.CODE_VERSIONS["fold_ranges"],
+        code_version=lineage.code_version("fold_ranges"),
         backfill_policy=dg.BackfillPolicy.single_run(),
         kinds={"json"},
         description=(
@@ -163,7 +172,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         },
         deps=[fold_ranges],
         group_name="training",
-        code_version=lineage.CODE_VERSIONS["trained_model"],
+        code_version=lineage.code_version("trained_model"),
         backfill_policy=dg.BackfillPolicy.single_run(),
         op_tags=GPU_TAGS,
         kinds={"pytorch", "safetensors"},
@@ -190,7 +199,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                     f"{part.label}: fold ranges not materialized for the current config ({fpath.name})"
                 )
             fr = _fold_range_from_json(fpath.read_text())
-            keys, mkey, out_dir = model_dir(storage, pipeline, training, part)
+            # The loader that put this run's data on the device: its settings are in the key.
+            keys, mkey, out_dir = model_dir(storage, pipeline, training, fxcache.loader, part)
             done = out_dir / "checkpoint.json"
             if done.is_file() and (out_dir / "oos.npz").is_file() and (out_dir / "equity.png").is_file():
                 # Same key = same inputs, config and code: the model on disk is this run's result.
@@ -258,7 +268,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
     @dg.asset(
         deps=[dg.AssetDep(trained_model, partition_mapping=dg.AllPartitionMapping())],
         group_name="training",
-        code_version="1",
+        code_version=lineage.code_version("walk_forward_report"),
         kinds={"matplotlib"},
         description="All folds' out-of-sample results stitched in time order: table, combined equity curve, per-fold Sharpe.",
     )
@@ -267,13 +277,14 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         storage: FxStorage,
         pipeline: PipelineConfig,
         training: TrainingConfig,
+        fxcache_loader: dg.ResourceParam[DeviceFxCacheLoader],
     ) -> dg.MaterializeResult:
         folds, missing = [], []
         for pk in training_partitions.get_partition_keys(dynamic_partitions_store=context.instance):
             part = parse_partition_key(pk)
             try:
-                _, _, out_dir = model_dir(storage, pipeline, training, part)
-            except FileNotFoundError:
+                _, _, out_dir = model_dir(storage, pipeline, training, fxcache_loader, part)
+            except (FileNotFoundError, dg.Failure):  # an input of the fold is not built
                 missing.append(part.label)
                 continue
             f = out_dir / "oos.npz"

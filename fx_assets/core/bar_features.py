@@ -42,19 +42,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from numba import njit
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fx_assets.core import calendar
 from fx_assets.core.bars import BarTable
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
 
 
-class BarFeatureConfig(BaseModel):
+class BarFeatureConfig(ConfigModel):
     """Parameters of the bar features. Windows are in bars; names follow the windows."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     log_return_clamp: float = Field(
         0.1,

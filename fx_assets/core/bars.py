@@ -45,8 +45,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from numba import njit
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
@@ -59,10 +60,8 @@ B = npt.NDArray[np.bool_]
 BarKind = Literal["volume", "dollar", "tick_imbalance", "volume_imbalance"]
 
 
-class BarConfig(BaseModel):
+class BarConfig(ConfigModel):
     """How trades are grouped into bars. Part of the bars cache key (every field matters)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: BarKind = Field(
         "volume",

@@ -8,6 +8,9 @@ The key is the SHA-256 of a canonical JSON document built from
   likewise), so a parameter added to a config model is in the key without anyone having to
   remember it (the predecessor's keys forgot bar threshold, EWMA alpha and bar size);
 - the identity of every source file (path, size, mtime_ns, hash of its header bytes);
+- the keys of the derived files it was built from (so keys chain: a stage's key covers what
+  its upstream files were built from without listing it again) and any other settings that
+  shape it (``extras``, e.g. the device loader's of a trained model);
 - the file format version and the producing code version.
 
 Canonical JSON: sorted keys, no whitespace, floats by ``repr`` (Python's ``json`` does that),
@@ -106,6 +109,11 @@ def _canon(value: Any) -> Any:
     return _canon(pydantic_core.to_jsonable_python(value))
 
 
+def canonical_value(value: Any) -> Any:
+    """The JSON-ready canonical form of a value as keys record it (models by class and field)."""
+    return _canon(value)
+
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(_canon(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -116,14 +124,23 @@ def cache_key(
     sources: Sequence[SourceIdentity],
     format_version: int,
     code_version: str,
+    inputs: Sequence[str] = (),
+    extras: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """32-byte SHA-256 key of a derived file (order of ``configs`` / ``sources`` matters)."""
+    """32-byte SHA-256 key of a derived file (order of ``configs`` / ``sources`` / ``inputs``
+    matters). ``inputs``: the keys of the derived files it was built from (each covering its own
+    inputs: keys chain); ``extras``: other settings that shape it (canonicalised like configs)."""
     for c in configs:
         if not isinstance(c, pydantic.BaseModel):
             raise TypeError(f"cache_key: configs must be pydantic models, got {type(c).__name__}")
+    for k in inputs:
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"cache_key: inputs must be non-empty key strings, got {k!r}")
     doc = {
         "configs": [_canon(c) for c in configs],
         "sources": [asdict(s) for s in sources],
+        "inputs": list(inputs),
+        "extras": _canon(dict(extras or {})),
         "format_version": int(format_version),
         "code_version": str(code_version),
     }

@@ -25,19 +25,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fx_assets.core import calendar
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.labels import max_horizon
 
 I64 = npt.NDArray[np.int64]
 
 
-class FoldConfig(BaseModel):
+class FoldConfig(ConfigModel):
     """Walk-forward split parameters (part of the trained model's cache key)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     train_quarters: int = Field(
         ge=1, description="Rolling training window: quarters before the validation quarter."

@@ -1,53 +1,52 @@
-"""Cache keys of every derived stage, chained from the stage configs and the raw sources.
+"""Cache keys of every derived stage, chained from the stage configs, the raw sources and the code.
 
-Owns *which* configs, sources and versions shape each stage, so that the key of a stage
-covers everything upstream of it (DESIGN.md §5.3): the key of ``fxcache[2024-Q3]`` changes when
-any field of the bars, bar-feature, OFI or fxcache config changes, when any raw file it was
-built from (including the warm-up quarters) is replaced, or when a format or code version
-is bumped. :mod:`fx_assets.core.cachekey` does the hashing; this module only decides the
-inputs.
+Owns *which* configs, sources, upstream files and versions shape each stage (DESIGN.md §5.3).
+A stage's key covers exactly what its computation reads: its own config, the identities of the
+raw files it opens itself, and the keys of the stage files it opens (each of which covers its
+own inputs in turn), plus its format version and its code version (derived from the code by
+:mod:`fx_assets.core.codeversion`). So the key of ``fxcache[2024-Q3]`` changes when any field of
+the bars, bar-feature, OFI or fxcache config changes, when any raw file reached through the
+warm-up is replaced, or when the code of any stage upstream changes.
+:mod:`fx_assets.core.cachekey` does the hashing; this module only decides the inputs.
 
-Warm-up reach: a quarter's bar features and OFI start from the previous quarter's bars, which
-in turn depend on that quarter's roll calendar (which looks one more quarter back), so the
-feature stages list the raw files of the current and the two previous quarters.
+Warm-up reach is planned here, once, for the key and the computation alike:
+:func:`bar_features_warmup` walks back over the previous quarters until their bars hold the
+``max_window`` bars the features need (further than one quarter when a previous quarter is
+short), and :func:`ofi_warmup_quarter` names the previous quarter OFI replays (when it has both
+raw files). The assets load exactly the quarters these functions return.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-import fx_assets
+from fx_assets.core import codeversion
 from fx_assets.core import fxcache as fxcache_format
-from fx_assets.core.bar_features import BarFeatureConfig
+from fx_assets.core.bar_features import BarFeatureConfig, max_window
 from fx_assets.core.bars import BarConfig
-from fx_assets.core.cachekey import SourceIdentity, cache_key
+from fx_assets.core.cachekey import SourceIdentity, cache_key, canonical_value, qualified_name
 from fx_assets.core.calendar import previous_quarter
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.ofi import OfiConfig
-
-#: Bump a stage's code version when its output changes for the same inputs and config.
-CODE_VERSIONS: dict[str, str] = {
-    "roll_calendar": "1",
-    "bars": "1",
-    "bar_features": "1",
-    "ofi_features": "1",
-    "fxcache": "1",
-    "fold_ranges": "1",
-    "trained_model": "1",
-}
 
 #: Arrow table format of roll calendar, bars and feature files (bumped with their layout).
 TABLE_FORMAT_VERSION = 1
+#: Layout of a fold's JSON index ranges and of a model directory (bumped with their layout).
+TRAINING_FORMAT_VERSION = 1
 
 
-class FxCacheConfig(BaseModel):
+def code_version(stage: str) -> str:
+    """The stage's code version, derived from its code (also its Dagster ``code_version``)."""
+    return codeversion.stage_version(stage)
+
+
+class FxCacheConfig(ConfigModel):
     """How the per-quarter fxcache file is written."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     dtype: Literal["f32", "bf16", "f64"] = Field(
         "f32",
@@ -58,6 +57,9 @@ class FxCacheConfig(BaseModel):
 
 SourceLookup = Callable[[str, dt.date], SourceIdentity | None]
 """(schema, quarter) -> identity of the raw file, or None when the quarter has no file."""
+
+BarCount = Callable[[dt.date], int]
+"""quarter -> number of bars in that quarter's bars file (built with the same configs)."""
 
 
 @dataclass(frozen=True)
@@ -70,89 +72,164 @@ class StageConfigs:
     fxcache: FxCacheConfig
 
 
-def _code(*stages: str) -> str:
-    return f"fx_assets-{fx_assets.__version__}|" + "|".join(f"{s}={CODE_VERSIONS[s]}" for s in stages)
+# --- warm-up plans (shared by the keys and the stages) ----------------------------------------
 
 
-def _sources(lookup: SourceLookup, schema: str, quarter: dt.date, back: int) -> list[SourceIdentity]:
-    """Identities of ``schema`` files of ``quarter`` and ``back`` quarters before it (present ones)."""
-    out: list[SourceIdentity] = []
+def bar_features_warmup(
+    cfg: StageConfigs, lookup: SourceLookup, bar_count: BarCount, quarter: dt.date
+) -> tuple[dt.date, ...]:
+    """The earlier quarters whose bars warm up ``quarter``'s bar features, oldest first: walking
+    back until they hold ``max_window`` bars or a quarter has no raw trades."""
+    need = max_window(cfg.bar_features)
+    out: list[dt.date] = []
+    have = 0
     q = quarter
-    quarters = [q]
-    for _ in range(back):
+    while have < need:
         q = previous_quarter(q)
-        quarters.append(q)
-    for q in reversed(quarters):
-        ident = lookup(schema, q)
-        if ident is not None:
-            out.append(ident)
-    return out
+        if lookup("trades", q) is None:
+            break
+        out.insert(0, q)
+        have += bar_count(q)
+    return tuple(out)
 
 
-def _key(configs: Sequence[BaseModel], sources: list[SourceIdentity], fmt: int, *stages: str) -> str:
-    return cache_key(configs=configs, sources=sources, format_version=fmt, code_version=_code(*stages)).hex()
+def ofi_warmup_quarter(lookup: SourceLookup, quarter: dt.date) -> dt.date | None:
+    """The quarter OFI replays the tail of before ``quarter``: the previous one when it has
+    both trades and MBP-10 raw files, else none."""
+    q = previous_quarter(quarter)
+    if lookup("trades", q) is None or lookup("mbp-10", q) is None:
+        return None
+    return q
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+
+def _present(lookup: SourceLookup, pairs: Sequence[tuple[str, dt.date]]) -> list[SourceIdentity]:
+    return [i for i in (lookup(schema, q) for schema, q in pairs) if i is not None]
+
+
+def _key(
+    stage: str,
+    configs: Sequence[BaseModel],
+    sources: list[SourceIdentity],
+    inputs: Sequence[str],
+    fmt: int,
+    extras: Mapping[str, Any] | None = None,
+) -> str:
+    return cache_key(
+        configs=configs,
+        sources=sources,
+        inputs=inputs,
+        extras=extras,
+        format_version=fmt,
+        code_version=f"{stage}={code_version(stage)}",
+    ).hex()
 
 
 def roll_calendar_key(lookup: SourceLookup, quarter: dt.date) -> str:
-    return _key([], _sources(lookup, "trades", quarter, 1), TABLE_FORMAT_VERSION, "roll_calendar")
-
-
-def bars_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> str:
+    """Reads the trades of the quarter and of the previous one (its last session seeds it)."""
+    pq = previous_quarter(quarter)
     return _key(
-        [cfg.bars], _sources(lookup, "trades", quarter, 1), TABLE_FORMAT_VERSION, "roll_calendar", "bars"
+        "roll_calendar", [], _present(lookup, [("trades", pq), ("trades", quarter)]), [], TABLE_FORMAT_VERSION
     )
 
 
-def bar_features_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> str:
+def bars_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> str:
+    """Reads the quarter's roll calendar and trades."""
     return _key(
-        [cfg.bars, cfg.bar_features],
-        _sources(lookup, "trades", quarter, 2),
-        TABLE_FORMAT_VERSION,
-        "roll_calendar",
         "bars",
+        [cfg.bars],
+        _present(lookup, [("trades", quarter)]),
+        [roll_calendar_key(lookup, quarter)],
+        TABLE_FORMAT_VERSION,
+    )
+
+
+def bar_features_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date, bar_count: BarCount) -> str:
+    """Reads the quarter's bars and those of its warm-up quarters (:func:`bar_features_warmup`)."""
+    warm = bar_features_warmup(cfg, lookup, bar_count, quarter)
+    return _key(
         "bar_features",
+        [cfg.bar_features],
+        [],
+        [bars_key(cfg, lookup, q) for q in (*warm, quarter)],
+        TABLE_FORMAT_VERSION,
     )
 
 
 def ofi_features_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> str:
+    """Reads the quarter's bars, roll calendar, trades and book, and the same of the quarter
+    :func:`ofi_warmup_quarter` names."""
+    prev = ofi_warmup_quarter(lookup, quarter)
+    quarters = (quarter,) if prev is None else (prev, quarter)
     return _key(
-        [cfg.bars, cfg.ofi],
-        _sources(lookup, "trades", quarter, 2) + _sources(lookup, "mbp-10", quarter, 1),
+        "ofi_features",
+        [cfg.ofi],
+        _present(lookup, [(schema, q) for q in quarters for schema in ("trades", "mbp-10")]),
+        [k for q in quarters for k in (roll_calendar_key(lookup, q), bars_key(cfg, lookup, q))],
         TABLE_FORMAT_VERSION,
-        "roll_calendar",
-        "bars",
-        "ofi_features",
     )
 
 
-def fxcache_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) -> str:
+def fxcache_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date, bar_count: BarCount) -> str:
+    """Reads the quarter's bars, bar features, OFI features, roll calendar and book."""
     return _key(
-        [cfg.bars, cfg.bar_features, cfg.ofi, cfg.fxcache],
-        _sources(lookup, "trades", quarter, 2) + _sources(lookup, "mbp-10", quarter, 1),
-        fxcache_format.FORMAT_VERSION,
-        "roll_calendar",
-        "bars",
-        "bar_features",
-        "ofi_features",
         "fxcache",
+        [cfg.fxcache],
+        _present(lookup, [("mbp-10", quarter)]),
+        [
+            roll_calendar_key(lookup, quarter),
+            bars_key(cfg, lookup, quarter),
+            bar_features_key(cfg, lookup, quarter, bar_count),
+            ofi_features_key(cfg, lookup, quarter),
+        ],
+        fxcache_format.FORMAT_VERSION,
     )
 
 
-def fold_ranges_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel) -> str:
-    """Key of a fold's index ranges: the fxcache files of its quarters (in order) and the fold config."""
-    return cache_key(
-        configs=[folds_cfg],
-        sources=[],
-        format_version=TABLE_FORMAT_VERSION,
-        code_version=_code("fold_ranges") + "|" + ",".join(fxcache_keys),
-    ).hex()
+def fold_ranges_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel, label_horizon: int) -> str:
+    """Key of a fold's index ranges: the fxcache files of its quarters (in order), the fold
+    config and the purge the trainer's labels need (``TrainConfig.purge_bars``)."""
+    return _key(
+        "fold_ranges",
+        [folds_cfg],
+        [],
+        list(fxcache_keys),
+        TRAINING_FORMAT_VERSION,
+        {"label_horizon": int(label_horizon)},
+    )
 
 
-def trained_model_key(fxcache_keys: Sequence[str], folds_cfg: BaseModel, train_cfg: BaseModel) -> str:
-    """Key of a trained fold model: its inputs' keys and every fold and trainer parameter."""
-    return cache_key(
-        configs=[folds_cfg, train_cfg],
-        sources=[],
-        format_version=TABLE_FORMAT_VERSION,
-        code_version=_code("fold_ranges", "trained_model") + "|" + ",".join(fxcache_keys),
-    ).hex()
+def resource_settings(resource: BaseModel, exclude: Collection[str] = ()) -> dict[str, Any]:
+    """Every field of a resource / loader model except ``exclude`` (which must name fields), in
+    canonical form: what a key records of the resource."""
+    fields = type(resource).model_fields
+    unknown = sorted(set(exclude) - set(fields))
+    if unknown:
+        raise ValueError(f"{qualified_name(type(resource))}: excluded fields {unknown} do not exist")
+    return {
+        "resource": qualified_name(type(resource)),
+        "fields": {n: canonical_value(getattr(resource, n)) for n in fields if n not in exclude},
+    }
+
+
+def trained_model_key(
+    fxcache_keys: Sequence[str],
+    folds_cfg: BaseModel,
+    train_cfg: BaseModel,
+    loader: Mapping[str, Any],
+    label_horizon: int,
+) -> str:
+    """Key of a trained fold model: its inputs' keys, every fold and trainer parameter and the
+    settings of the loader that put the data on the device (``loader``: see
+    ``resources.training.DeviceFxCacheLoader.key_settings``); ``label_horizon`` as for
+    :func:`fold_ranges_key`."""
+    return _key(
+        "trained_model",
+        [folds_cfg, train_cfg],
+        [],
+        [fold_ranges_key(fxcache_keys, folds_cfg, label_horizon), *fxcache_keys],
+        TRAINING_FORMAT_VERSION,
+        {"loader": dict(loader)},
+    )

@@ -66,8 +66,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from numba import njit
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
@@ -83,10 +84,8 @@ _EPS = 1e-12
 # ---------------------------------------------------------------------------------------------
 
 
-class OfiConfig(BaseModel):
+class OfiConfig(ConfigModel):
     """Parameters of the OFI / book feature kernels (frozen; part of the cache identity)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     tick_size: float = Field(
         0.25,

@@ -12,12 +12,15 @@ on the CPU.
 import datetime as dt
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
+import torch
 from pydantic import Field, PrivateAttr
 
 from fx_assets.assets.common import StageIO
-from fx_assets.core.device_store import DeviceSlice, DeviceStore
+from fx_assets.core import lineage
+from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, default_device
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig
@@ -59,6 +62,7 @@ class ResidentQuarters:
     """The quarters an input loaded, resident on the device, by partition label."""
 
     store: DeviceStore
+    loader: "DeviceFxCacheLoader"  # the loader that uploaded them (its settings key the models)
     keys: dict[str, str] = field(default_factory=dict)  # "2024-Q1|ES.FUT" -> store key (cache key)
 
     def view(self, parts: list[QuarterSymbol]) -> DeviceSlice:
@@ -70,15 +74,23 @@ class ResidentQuarters:
         return self.store.concat_view([self.keys[p.label] for p in parts])
 
 
+#: Loader fields that cannot change a trained model, left out of its key (the completeness test
+#: checks every other field moves the key): ``storage`` only says where the files are (their
+#: contents are keyed), and ``pipeline``'s stage configs reach the key through the fxcache keys.
+MODEL_KEY_EXCLUDED = frozenset({"storage", "pipeline"})
+
+
 class DeviceFxCacheLoader(dg.ConfigurableIOManager):
     """Loads fxcache partitions onto the device once per run; returns ResidentQuarters."""
 
     storage: dg.ResourceDependency[FxStorage]
     pipeline: dg.ResourceDependency[PipelineConfig]
     device: str = Field(
-        default="auto", description="'auto' (cuda if available, else cpu), 'cpu' or 'cuda[:N]'."
+        default="auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="'auto' (cuda if available, else cpu), 'cpu' or 'cuda[:N]'.",
     )
-    value_dtype: str = Field(
+    value_dtype: ValueDtype = Field(
         default="float32", description="Dtype of the resident values: float32 or bfloat16."
     )
     chunk_rows: int = Field(
@@ -92,13 +104,24 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
         if self._store is None:
             self._store = DeviceStore(
                 device=None if self.device == "auto" else self.device,
-                value_dtype=self.value_dtype,  # type: ignore[arg-type]
+                value_dtype=self.value_dtype,
                 chunk_rows=self.chunk_rows,
                 max_views=4,
                 # trade prices must be exact: on the tick grid, never of a coarser resolution
                 price_tick=self.pipeline.stage_configs().ofi.tick_size,
             )
         return self._store
+
+    def device_kind(self) -> str:
+        """The kind of device the data goes to (``cuda`` / ``cpu``), "auto" resolved."""
+        if self._store is not None:
+            return self._store.device.type
+        return default_device().type if self.device == "auto" else torch.device(self.device).type
+
+    def key_settings(self) -> dict[str, Any]:
+        """What the trained model's key records of this loader: every field but those in
+        ``MODEL_KEY_EXCLUDED``, and the resolved device kind (cpu and cuda numerics differ)."""
+        return {**lineage.resource_settings(self, MODEL_KEY_EXCLUDED), "device_kind": self.device_kind()}
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         raise NotImplementedError("DeviceFxCacheLoader only loads inputs; fxcache writes its own files")
@@ -134,7 +157,7 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
             f"fxcache loader: {len(keys)} partition(s) requested, {stats['uploads'] - before} uploaded now, "
             f"{stats['uploads']} uploads this run on {self.store().device} in {time.perf_counter() - t0:.3f}s"
         )
-        return ResidentQuarters(self.store(), dict(self._loaded))
+        return ResidentQuarters(self.store(), self, dict(self._loaded))
 
 
 def quarter_window(val_quarter: dt.date, n_train: int) -> list[dt.date]:

@@ -32,19 +32,18 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from safetensors.torch import load_file, save_file
 
 from fx_assets.core import labels
 from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_path, atomic_write_text
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(ConfigModel):
     """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     trainer: Literal["mlp", "dqn"] = Field(description="Which trainer: supervised MLP or double DQN.")
     seed: int = Field(0, description="Seed of weights init, batch order, exploration.")
@@ -104,7 +103,7 @@ class TrainConfig(BaseModel):
     learn_starts: int = Field(1000, ge=0, description="Transitions collected before the first update.")
     huber_delta: float = Field(1.0, gt=0, description="Huber loss delta (on reward-scaled TD error).")
     reward_scale: float | None = Field(
-        None, description="Rewards are divided by this (None: std of training 1-bar returns)."
+        None, gt=0, description="Rewards are divided by this (None: std of training 1-bar returns)."
     )
 
     @model_validator(mode="after")
