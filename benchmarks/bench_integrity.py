@@ -15,7 +15,7 @@ Stage tables: ``write_table`` with and without checksums and ``verify_table`` fo
 
 Target: hashing the raw file < 10 % of its decode time. Usage:
 ``python -m benchmarks.bench_integrity [--root DIR]`` (DIR: a ``fx-assets synth`` output with
-one quarter; default: a one-quarter scale-1 market generated under benchmarks/data).
+one quarter; default: the last quarter of the benchmarks' scale-1 market, benchmarks/data).
 """
 
 from __future__ import annotations
@@ -33,16 +33,17 @@ import pyarrow as pa
 
 from benchmarks.common import (
     DATA,
+    LAST_QUARTER,
+    MAIN_MARKET,
     command_line,
     ensure_market,
     load_average,
-    market_config,
+    raw_file,
     target,
     write_result,
 )
 
 REPEATS = 3
-MARKET = ("es_s1_1q", market_config(["2024-Q3"], scale=1.0, book_ratio=0.1))
 
 
 def best(fn: Callable[[], object], repeats: int = REPEATS) -> float:
@@ -144,8 +145,11 @@ def run(root: Path | None) -> dict[str, Any]:
     t_start = time.perf_counter()
     load_before = load_average()
     if root is None:
-        root = ensure_market(*MARKET)
-    sources = {s: next((root / "raw" / s).rglob("*.dbn.zst")) for s in ("trades", "mbp-10")}
+        base = ensure_market(*MAIN_MARKET)
+        sources = {s: raw_file(base, s, LAST_QUARTER) for s in ("trades", "mbp-10")}
+        root = base
+    else:
+        sources = {s: next((root / "raw" / s).rglob("*.dbn.zst")) for s in ("trades", "mbp-10")}
     figures: dict[str, Any] = {}
     DATA.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=DATA) as tmp:
