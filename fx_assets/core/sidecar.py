@@ -814,6 +814,11 @@ def _verify(path: Path, schema: pa.Schema, decoded: _Decoded) -> None:
                     value = np.frombuffer(os.pread(f.fileno(), dtype.itemsize, pos), dtype=dtype)
                     if len(value) != 1 or value[0] != rec[name][0]:
                         raise FxCacheError(f"{path}: column {name} row {i} does not match the decoded record")
+    # the checksums recorded must verify on the file as written (else every reuse would rebuild)
+    try:
+        _check(path, None, None, None, full=False, current_format=False)
+    except _Stale as exc:
+        raise FxCacheError(f"{path}: the written sidecar fails its own check: {exc.args[0]}") from None
 
 
 def _check_source(source: Path, st0: os.stat_result, digest: str, known_hash: str | None) -> None:
@@ -1002,7 +1007,12 @@ def _column_places(src: pa.MemoryMappedFile, batch: pa.RecordBatch) -> list[tupl
 
 
 def _check(
-    path: Path, source: Path | None, current_hash: str | None, expect_schema: str | None, full: bool
+    path: Path,
+    source: Path | None,
+    current_hash: str | None,
+    expect_schema: str | None,
+    full: bool,
+    current_format: bool = True,
 ) -> dict[str, str]:
     """The sidecar's metadata if it is intact and (with ``current_hash``) a decode of the
     source as it is now; _Stale saying why not. ``full`` hashes every column; otherwise the
@@ -1013,7 +1023,7 @@ def _check(
             meta = _meta(reader.schema)
             if any(k not in meta for k in _META_KEYS):
                 raise _Stale("format version")
-            if meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
+            if current_format and meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
                 raise _Stale("format version")
             if reader.num_record_batches != 1:
                 raise _Stale("unreadable")
