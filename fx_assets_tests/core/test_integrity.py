@@ -173,3 +173,15 @@ def test_dead_writers_temp_files_are_removed_live_ones_kept(tmp_path: Path) -> N
     with build_lock(final) as removed:
         assert removed == [dead]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_disk_full_names_the_file_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tables.pa, "OSFile", full)
+    with pytest.raises(FxDataError, match=r"bars_x\.arrow: no space left on the device"):
+        tables.write_table(tmp_path / "bars_x.arrow", pa.table({"a": [1, 2]}))
+    assert list(tmp_path.iterdir()) == []
