@@ -1324,7 +1324,12 @@ def describe_sidecar(path: Path | str) -> dict[str, Any]:
     meta = _meta(batch.schema)
     symbol_map = _parse_symbol_map(path, meta["fx.symbol_map"])
     out: dict[str, Any] = {"path": str(path), "size": path.stat().st_size}
-    out.update({k: v for k, v in meta.items() if k != "fx.symbol_map"})
+    out.update({k: v for k, v in meta.items() if k not in ("fx.symbol_map", "fx.checksums")})
+    try:  # every column against its checksum (the source is not compared: verify_sidecar does)
+        _check(path, None, None, None, full=True)
+        out["body_checksum"] = "ok"
+    except _Stale as exc:
+        out["body_checksum"] = f"FAILED: {exc.args[0]}"
     out["symbol_map"] = [m.to_json() for m in symbol_map]
     out["column_types"] = {f.name: str(f.type) for f in batch.schema}
     stats = _Stats(list(batch.schema.names))

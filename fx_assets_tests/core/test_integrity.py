@@ -185,3 +185,14 @@ def test_disk_full_names_the_file_being_written(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(FxDataError, match=r"bars_x\.arrow: no space left on the device"):
         tables.write_table(tmp_path / "bars_x.arrow", pa.table({"a": [1, 2]}))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_reports_a_damaged_sidecar_body(tmp_path: Path) -> None:
+    src = _big_source(tmp_path, 5000)
+    info = sidecar.ensure_sidecar(src, tmp_path / "sc")
+    assert sidecar.describe_sidecar(info.path)["body_checksum"] == "ok"
+    off, length = _column_range(info.path, "size")
+    with open(info.path, "r+b") as f:
+        f.seek(off + length // 2)
+        f.write(b"\xff\xff\xff\x7f")
+    assert sidecar.describe_sidecar(info.path)["body_checksum"] == "FAILED: checksum mismatch in column size"
