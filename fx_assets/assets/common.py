@@ -97,7 +97,16 @@ class StageIO:
 
     def sidecar(self, schema: str, quarter: dt.date | None = None) -> SidecarInfo:
         q = quarter or self.part.quarter
-        return require_sidecar(self.storage, schema, QuarterSymbol(q, self.part.symbol))
+        info = require_sidecar(self.storage, schema, QuarterSymbol(q, self.part.symbol))
+        ident = self.identity(schema, q)
+        if ident is not None and info.source_hash != ident.content_hash:
+            # the keys of this run name the content hashed earlier: never build them from other data
+            raise dg.Failure(
+                f"{quarter_label(q)}|{self.part.symbol}: raw {schema} file {info.source} changed during "
+                f"the run (content hash {ident.content_hash} when the keys were computed, "
+                f"{info.source_hash} now); run it again"
+            )
+        return info
 
     # keyed stage files -------------------------------------------------------------------
     def key(self, stage: str, quarter: dt.date | None = None) -> str:
