@@ -31,7 +31,8 @@ def init_dagster_home(home: Path) -> Path:
     import dagster as dg
 
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text("storage:\n  sqlite:\n    base_dir: storage\n")
+    # an absolute base_dir: a relative one is resolved against each process's working directory
+    (home / "dagster.yaml").write_text(f"storage:\n  sqlite:\n    base_dir: {home / 'storage'}\n")
     with dg.DagsterInstance.from_config(str(home)):
         pass
     return home
