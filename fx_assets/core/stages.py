@@ -44,7 +44,6 @@ import pyarrow as pa
 from numba import njit
 
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.atomic import atomic_path
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
 from fx_assets.core.calendar import interval_of, session_day, session_table, ts_range
@@ -52,6 +51,7 @@ from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE, px_to_float
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
+from fx_assets.core.tables import read_table, write_table  # noqa: F401  (stage table IO, re-exported)
 
 N_LEVELS = 10
 F64 = npt.NDArray[np.float64]
@@ -63,29 +63,9 @@ DEFAULT_BOOK_CHUNK = 500_000
 # holds about ``book_chunk`` book events + trades / TRADE_WEIGHT: a quarter with a thin book
 # is still cut into bounded chunks.
 TRADE_WEIGHT = 8
+_ACTION_TRADE = ord("T")
 _SIDE_BUY = ord("B")
 _SIDE_SELL = ord("A")
-
-
-# --- Arrow files ------------------------------------------------------------------------------
-
-
-def write_table(path: Path, table: pa.Table) -> Path:
-    """Write an uncompressed Arrow IPC file (one record batch) atomically."""
-    table = table.combine_chunks()
-    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-    return path
-
-
-def read_table(path: Path) -> pa.Table:
-    """Memory-map an Arrow IPC file written by :func:`write_table`."""
-    try:
-        with pa.memory_map(str(path), "r") as source:
-            return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise FxDataError(f"{path}: cannot read Arrow table: {exc}") from exc
 
 
 # --- roll calendar --------------------------------------------------------------------------
@@ -319,6 +299,19 @@ def _active_pass(
     return o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered
 
 
+def check_trade_actions(where: Path | str, action: npt.NDArray[np.uint8]) -> None:
+    """FxDataError unless every record is a trade (action ``T``): a book file that reached the
+    trades path would otherwise turn its adds, cancels and modifies into trades."""
+    bad = np.flatnonzero(action != _ACTION_TRADE)
+    if bad.size:
+        i = int(bad[0])
+        codes = sorted({chr(int(c)) for c in np.unique(action[bad])})
+        raise FxDataError(
+            f"{where}: {bad.size} of {action.size} records are not trades (actions {codes}; first at "
+            f"row {i}, action {chr(int(action[i]))!r}); expected only 'T' in a trades file"
+        )
+
+
 def active_trades(
     trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
 ) -> ActiveTrades:
@@ -328,7 +321,8 @@ def active_trades(
     One numba pass over the memory-mapped sidecar columns (session lookup, roll calendar,
     filters) and one writing the kept trades: the only allocations are the outputs.
     """
-    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side"])
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
     ts = cols["ts_recv"]
     bounds, act, days = _active_table(calendar, ts)
     o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_pass(
