@@ -1,0 +1,193 @@
+"""Asset checks of the feature stages: shown in the UI beside each asset and run in the same run
+after each materialization (every job and materialization that selects an asset selects its
+checks).
+
+Every check is blocking: a failure stops the downstream steps of the same run, and automation
+conditions that include ``AutomationCondition.all_deps_blocking_checks_passed()`` do not request
+downstream partitions until it passes (``eager()`` alone does not look at checks). Each check
+locates the partition's files by cache key (:class:`fx_assets.assets.common.StageIO`) and calls
+one core function; a core error becomes a failed check whose description names the partition,
+the file and the column.
+
+| asset | check | core function |
+|---|---|---|
+| ``bars`` | ``volume_conserved`` | :func:`fx_assets.core.verify.verify_bar_volume` |
+| ``bar_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_bar_features_file` |
+| ``ofi_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_ofi_features_file` |
+| ``ofi_features`` | ``causal_spot_check`` | :func:`fx_assets.core.causality.spot_check_causality` |
+"""
+
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dagster as dg
+
+from fx_assets.assets.common import StageIO
+from fx_assets.assets.features import _previous_bars
+from fx_assets.core import verify
+from fx_assets.core.bars import BarTable
+from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.stages import read_table, roll_calendar_from_table
+from fx_assets.partitions import QuarterSymbol, parse_partition_key
+from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.storage import FxStorage
+
+
+class CausalSpotCheckConfig(dg.Config, CausalityConfig):
+    """Where the causality spot-check cuts the raw data and how much it recomputes."""
+
+
+def _result(part: QuarterSymbol, fn: Callable[[], Mapping[str, Any]]) -> dg.AssetCheckResult:
+    """Run one core verification: its figures as metadata, or a failed check naming the partition."""
+    t0 = time.perf_counter()
+    try:
+        meta = dict(fn())
+    except (FxDataError, dg.Failure) as exc:
+        text = exc.description if isinstance(exc, dg.Failure) and exc.description else str(exc)
+        if part.label not in text:
+            text = f"{part.label}: {text}"
+        return dg.AssetCheckResult(passed=False, description=text, metadata={"partition": part.label})
+    meta = {"partition": part.label, **meta, "seconds": round(time.perf_counter() - t0, 3)}
+    return dg.AssetCheckResult(passed=True, metadata=meta)
+
+
+def _stage_io(context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig) -> StageIO:
+    return StageIO(storage, pipeline, parse_partition_key(context.partition_key))
+
+
+def make_asset_checks(
+    partitions_def: dg.PartitionsDefinition,
+    bars: dg.AssetsDefinition,
+    bar_features: dg.AssetsDefinition,
+    ofi_features: dg.AssetsDefinition,
+) -> list[dg.AssetChecksDefinition]:
+    @dg.asset_check(
+        asset=bars,
+        name="volume_conserved",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Sum of bar volume (and of n_trades) equals the volume (count) of the "
+        "active-contract trades of the quarter, in every session.",
+    )
+    def bars_volume_conserved(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_bar_volume(
+                io.require("bars"),
+                io.sidecar("trades").path,
+                io.require("roll_calendar"),
+                partition=io.part.label,
+            ),
+        )
+
+    @dg.asset_check(
+        asset=bar_features,
+        name="features_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Every registry feature finite outside its documented warm-up, inside its "
+        "bounds, one row per bar (registry: fx_assets.core.bar_features).",
+    )
+    def bar_features_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_bar_features_file(
+                io.require("bar_features"), partition=io.part.label, bars_path=io.require("bars")
+            ),
+        )
+
+    @dg.asset_check(
+        asset=ofi_features,
+        name="features_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="No ±inf, NaN only in a reset segment's leading warm-up, inside the bounds, "
+        "book events present, OFI not all zero, one row per bar (registry: fx_assets.core.ofi).",
+    )
+    def ofi_features_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_ofi_features_file(
+                io.require("ofi_features"), partition=io.part.label, bars_path=io.require("bars")
+            ),
+        )
+
+    @dg.asset_check(
+        asset=ofi_features,
+        name="causal_spot_check",
+        partitions_def=partitions_def,
+        blocking=True,
+        additional_deps=[bars, bar_features],
+        description="Cut the partition's raw data at a bar close T (drawn per partition), rebuild "
+        "the bars, bar features and OFI features just before T from what is left and compare "
+        "with the stored values: nothing after T may change them.",
+    )
+    def causal_spot_check(
+        context: dg.AssetCheckExecutionContext,
+        config: CausalSpotCheckConfig,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+
+        def run() -> dict[str, Any]:
+            bars_path = io.require("bars")
+            stored = StoredQuarter(
+                partition=io.part.label,
+                trades_sidecar=io.sidecar("trades").path,
+                book_sidecar=io.sidecar("mbp-10").path,
+                calendar=roll_calendar_from_table(read_table(io.require("roll_calendar"))),
+                bars=BarTable.from_arrow(read_table(bars_path), str(bars_path)),
+                bar_features=read_table(io.require("bar_features")),
+                ofi=read_table(io.require("ofi_features")),
+                bar_config=io.cfg.bars,
+                bar_feature_config=io.cfg.bar_features,
+                ofi_config=io.cfg.ofi,
+                previous_bars=lambda n: _previous_bars(io, n),
+            )
+            r = spot_check_causality(stored, CausalityConfig.model_validate(config.model_dump()))
+            if r.skipped:
+                raise _Skipped(r.skipped)
+            return {
+                "bar": r.bar,
+                "cut_ts_recv": r.ts_cut,
+                "session": r.session,
+                "bars_compared": r.bars_compared,
+                "ofi_bars_compared": r.ofi_rows,
+                "trades_records_read": r.trades_records,
+                "book_records_read": r.book_records,
+                "max_rel_diff_bar_features": r.max_rel_diff_bar_features,
+                "max_rel_diff_ofi": r.max_rel_diff_ofi,
+            }
+
+        try:
+            return _result(io.part, run)
+        except _Skipped as why:
+            # Not checkable (a quarter shorter than the OFI warm-up): a warning, not a block.
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=f"{io.part.label}: not checked: {why}",
+                metadata={"partition": io.part.label},
+            )
+
+    return [bars_volume_conserved, bar_features_valid, ofi_features_valid, causal_spot_check]
+
+
+class _Skipped(Exception):
+    """The causality spot-check found no bar it can check in this partition."""
+
+
+__all__ = ["CausalSpotCheckConfig", "make_asset_checks"]
