@@ -86,14 +86,56 @@ def test_ingest_two_partitions_and_invalidation(market: Path) -> None:
         # A second run reuses the fresh sidecar.
         r = materialize(defs, inst, ["predecoded_trades"], Q2)
         assert meta(r, "predecoded_trades")["action"] == "reused"
-        # Replacing the raw file: a new data version upstream, and the sidecar is decoded again.
+        # A touch changes no byte: same data version, the sidecar is reused.
         raw = market / "raw/trades/ES.FUT/ES.FUT_2024-Q2.dbn.zst"
         st = raw.stat()
         os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        newer = observed_versions(defs, inst)
-        assert newer["raw_trades[2024-04|ES.FUT]"] != versions["raw_trades[2024-04|ES.FUT]"]
+        assert observed_versions(defs, inst) == versions
         r = materialize(defs, inst, ["predecoded_trades"], Q2)
-        assert meta(r, "predecoded_trades")["action"] == "decoded"
+        assert meta(r, "predecoded_trades")["action"] == "reused"
+
+
+def _same_size_same_mtime_edit(raw: Path, offset_in_records: int) -> int:
+    """Rewrite ``raw`` uncompressed (the decoder goes by magic, not by name) with one record's
+    price changed, then give the file its old size and mtime; returns the new price."""
+    from fx_assets.core import dbn
+
+    st = raw.stat()
+    h = dbn.read_header(raw)
+    body = b"".join(a.tobytes() for a in dbn.iter_records(raw))
+    plain = bytearray(h.header_bytes + body)
+    pos = h.header_len + offset_in_records + 16  # price of the record starting there (int64 at +16)
+    price = int.from_bytes(plain[pos : pos + 8], "little", signed=True) + 250_000_000
+    plain[pos : pos + 8] = price.to_bytes(8, "little", signed=True)
+    raw.write_bytes(bytes(plain))
+    os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return price
+
+
+@pytest.mark.parametrize("where", ["inside the first 64 KiB", "after the first 64 KiB"])
+def test_same_size_same_mtime_replacement_is_noticed_everywhere(market: Path, where: str) -> None:
+    """Found 4 and 7: a re-download with the same size and mtime. Its data version, the sidecar
+    and the stage keys all follow the one content hash, so the new bars come from a new sidecar."""
+    from fx_assets.core.checksum import hash_file
+    from fx_assets.core.sidecar import sidecar_columns
+
+    defs = defs_for(market, last=Q1)
+    raw = market / "raw/trades/ES.FUT/ES.FUT_2024-Q1.dbn.zst"
+    record = 48 * (10 if where.startswith("inside") else 5000)
+    _same_size_same_mtime_edit(raw, record)  # now uncompressed, so that a byte edit stays valid
+    with dg.instance_for_test() as inst:
+        first = materialize(defs, inst, [*INGEST, "bars"], Q1)
+        before = observed_versions(defs, inst)["raw_trades[2024-01|ES.FUT]"]
+        st = raw.stat()
+        price = _same_size_same_mtime_edit(raw, record)
+        assert (raw.stat().st_size, raw.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        assert observed_versions(defs, inst)["raw_trades[2024-01|ES.FUT]"] != before
+        r = materialize(defs, inst, [*INGEST, "bars"], Q1)
+        side = meta(r, "predecoded_trades")
+        assert side["action"] == "rebuilt (source changed)" and side["source_hash"] == hash_file(raw)
+        assert sidecar_columns(side["path"], ["price"])["price"][record // 48] == price
+        assert meta(r, "bars")["cache_key"] != meta(first, "bars")["cache_key"]
+        assert meta(r, "bars").get("action") != "reused"
 
 
 def test_missing_raw_file_names_partition_and_path(market: Path) -> None:
@@ -217,3 +259,29 @@ def test_two_parameter_sets_coexist_on_disk(market: Path) -> None:
         # Different configs are different data versions, so Dagster shows downstream as unsynced.
         va = inst.get_latest_materialization_event(dg.AssetKey("fxcache"))
         assert va is not None
+
+
+@pytest.mark.parametrize("fixture", ["dbn/test_data.mbp-10.v3.dbn.zst", "dbn/test_data.mbp-1.v3.dbn.zst"])
+def test_book_file_in_the_trades_folder_fails_naming_file_and_schemas(
+    market: Path, dbn_fixtures: Path, fixture: str
+) -> None:
+    """Found 5: a book file in raw/trades was decoded as trades and a valid fxcache written."""
+    raw = market / "raw/trades/ES.FUT/ES.FUT_2024-Q1.dbn.zst"
+    shutil.copyfile(dbn_fixtures / fixture, raw)
+    defs = defs_for(market, last=Q1)
+    with dg.instance_for_test() as inst:
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=INGEST,
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        assert not r.success
+        text = str(r.get_step_failure_events()[0].event_specific_data.error)
+        found = fixture.split(".")[1]
+        assert "ES.FUT_2024-Q1.dbn.zst" in text and f"'{found}'" in text and "expected 'trades'" in text
+    assert not list((market / "derived/predecoded/trades").rglob("*.arrow"))
+    assert not (market / "derived/roll_calendar").exists()

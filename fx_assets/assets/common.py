@@ -51,10 +51,16 @@ class StageIO:
         return self.layout.raw_file(schema, self.part.symbol, quarter or self.part.quarter)
 
     def identity(self, schema: str, quarter: dt.date) -> SourceIdentity | None:
+        """The raw file's identity (content hash from the record beside its sidecars, hashed
+        only when its stat changed), or None when the quarter has no file."""
         k = (schema, quarter)
         if k not in self._idents:
             p = self.raw(schema, quarter)
-            self._idents[k] = SourceIdentity.from_path(p) if p.is_file() else None
+            record_dir = self.layout.sidecar_dir(schema, self.part.symbol)
+            try:
+                self._idents[k] = SourceIdentity.from_path(p, record_dir=record_dir) if p.is_file() else None
+            except FxDataError as exc:
+                raise dg.Failure(f"{quarter_label(quarter)}|{self.part.symbol}: {exc}") from exc
         return self._idents[k]
 
     def has_raw(self, schema: str, quarter: dt.date) -> bool:
@@ -111,12 +117,16 @@ def require_sidecar(
             f"{part.label}: raw {schema} file {src} does not exist",
             metadata={"expected_path": dg.MetadataValue.path(str(src))},
         )
-    return ensure_sidecar(
-        src,
-        storage.layout.sidecar_dir(schema, part.symbol),
-        rebuild=rebuild,
-        chunk_bytes=DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
-    )
+    try:
+        return ensure_sidecar(
+            src,
+            storage.layout.sidecar_dir(schema, part.symbol),
+            rebuild=rebuild,
+            chunk_bytes=DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+            expect_schema=schema,  # the folder says what the file must hold
+        )
+    except FxDataError as exc:
+        raise dg.Failure(f"{part.label}: {exc}", metadata={"path": dg.MetadataValue.path(str(src))}) from exc
 
 
 def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:

@@ -3,8 +3,10 @@
 
 Sidecars are files, not IO-manager outputs: each asset calls
 :func:`fx_assets.core.sidecar.ensure_sidecar`, which reuses a sidecar only while its recorded
-source identity and format version still match, and downstream assets call it again, so a
-stale sidecar is never read and a fresh one is never decoded twice.
+source content hash, format version and sampled body checksum still match, and downstream
+assets call it again, so a stale or damaged sidecar is never read and a fresh one is never
+decoded twice (a concurrent run waits on the sidecar's build lock and reuses it). A raw file
+whose DBN schema is not its folder's fails here, naming the file and both schemas.
 """
 
 import time
@@ -59,7 +61,12 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
             storage, schema, part, rebuild=config.rebuild, chunk_bytes=config.chunk_mib << 20
         )
         seconds = time.perf_counter() - t0
-        action = "reused" if info.reused else "decoded"
+        if info.reused:
+            action = "reused"
+        elif info.reason == "missing":
+            action = "decoded"
+        else:  # e.g. "rebuilt (checksum mismatch)", "rebuilt (source changed)"
+            action = f"rebuilt ({info.reason})"
         context.log.info(f"{part.label}: {action} {info.n_records:,} {schema} records in {seconds:.2f}s")
         meta: dict[str, Any] = {
             "quarter": quarter_label(part.quarter),
@@ -69,6 +76,7 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
             "action": action,
             "seconds": round(seconds, 3),
             "source": dg.MetadataValue.path(str(info.source)),
+            "source_hash": info.source_hash,
         }
         if not info.reused and seconds > 0:
             meta["records_per_second"] = round(info.n_records / seconds)

@@ -1,8 +1,9 @@
 """Raw Databento archives as observable source assets (``raw_trades``, ``raw_mbp10``).
 
 Observing reports one data version per (quarter, symbol) partition from the file's identity
-(path, size, mtime_ns), so when a quarter's file is replaced the UI shows everything
-downstream of it as unsynced.
+(path, size, hash of the whole content: the one the cache keys and the sidecar use), so when a
+quarter's file is replaced the UI shows everything downstream of it as unsynced. The content
+hash comes from the stat record beside the sidecars and is recomputed only when the stat moved.
 """
 
 import dataclasses
@@ -16,10 +17,11 @@ from fx_assets.partitions import parse_partition_key
 from fx_assets.resources.storage import FxStorage
 
 
-def file_identity(path: Path) -> str:
+def file_identity(path: Path, record_dir: Path | None = None) -> str:
     """A short, stable version string of a file: the hash of the same identity the cache keys
-    use (resolved path, size, mtime_ns, hash of the first 64 KiB)."""
-    ident = SourceIdentity.from_path(path)
+    use (resolved path, size, XXH3-128 of the whole content). With ``record_dir`` (the file's
+    sidecar folder) the content hash is recorded there and reused while the stat is unchanged."""
+    ident = SourceIdentity.from_path(path, record_dir=record_dir)
     return hashlib.sha256(canonical_json(dataclasses.asdict(ident)).encode()).hexdigest()[:20]
 
 
@@ -38,7 +40,8 @@ def _make_raw_asset(name: str, schema: str, description: str, partitions_def: dg
             part = parse_partition_key(key)
             path = storage.raw_file(schema, part.symbol, part.quarter)
             if path.is_file():
-                versions[str(key)] = dg.DataVersion(file_identity(path))
+                record_dir = storage.layout.sidecar_dir(schema, part.symbol)
+                versions[str(key)] = dg.DataVersion(file_identity(path, record_dir))
             else:
                 missing.append(part.label)
         if missing:

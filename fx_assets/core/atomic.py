@@ -1,16 +1,24 @@
 """Atomic file writes: write to a temporary name in the target directory, then ``os.replace``.
 
 A crash at any point leaves either the previous file or nothing, never a half-written file
-that a later run would trust.
+that a later run would trust. The previous file stays readable until the new one is renamed
+over it. A killed writer's temporary file (``.NAME.tmp-PID-xxxxxxxx``) is removed by the next
+build of the same file (:func:`fx_assets.core.locks.remove_orphans`). A full disk raises
+``FxDataError`` naming the file being written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+
+from fx_assets.core.errors import FxDataError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextlib.contextmanager
@@ -28,9 +36,11 @@ def atomic_path(final: Path | str, *, fsync: bool = False) -> Iterator[Path]:
             finally:
                 os.close(fd)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            raise FxDataError(f"{final}: no space left on the device while writing it ({exc})") from exc
         raise
 
 

@@ -7,7 +7,7 @@ The key is the SHA-256 of a canonical JSON document built from
   contributes its fully-qualified class name and every field, recursively (nested models
   likewise), so a parameter added to a config model is in the key without anyone having to
   remember it (the predecessor's keys forgot bar threshold, EWMA alpha and bar size);
-- the identity of every source file (path, size, mtime_ns, hash of its header bytes);
+- the identity of every source file (path, size, hash of its whole content);
 - the file format version and the producing code version.
 
 Canonical JSON: sorted keys, no whitespace, floats by ``repr`` (Python's ``json`` does that),
@@ -37,41 +37,39 @@ import pydantic
 import pydantic_core
 from pydantic.fields import FieldInfo
 
-#: Bytes of a source file's beginning hashed by ``SourceIdentity.from_path`` when the caller
-#: does not supply a header hash (a DBN metadata header is far smaller than this).
-DEFAULT_HEADER_BYTES = 1 << 16
-
 KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
 class SourceIdentity:
-    """Identity of one source file, as recorded in keys and sidecar metadata.
+    """Identity of one source file, as recorded in keys: its resolved path, size and the
+    XXH3-128 hash of its whole content (``"xxh3-128:<hex>"``, :mod:`fx_assets.core.checksum`).
 
-    ``header_hash`` is the hex SHA-256 of the file's header bytes (for DBN: the metadata
-    header), so a file rewritten with the same size and mtime still changes the key.
+    The modification time is not part of it: a ``touch`` changes nothing that was computed
+    from the file, while any change of a byte does (see :mod:`fx_assets.core.source_hash`).
     """
 
     path: str
     size: int
-    mtime_ns: int
-    header_hash: str
+    content_hash: str
 
     @classmethod
     def from_path(
         cls,
         path: Path | str,
         *,
-        header_hash: str | None = None,
-        header_bytes: int = DEFAULT_HEADER_BYTES,
+        content_hash: str | None = None,
+        record_dir: Path | str | None = None,
     ) -> SourceIdentity:
-        """Stat ``path``; hash its first ``header_bytes`` bytes unless ``header_hash`` is given."""
+        """Stat ``path`` and take its content hash: ``content_hash`` if given, else the one
+        recorded in ``record_dir`` for the current stat, else hashed now (and recorded there)."""
+        from fx_assets.core.source_hash import content_hash as current_hash
+
         p = Path(path).resolve()
         st = os.stat(p)
-        if header_hash is None:
-            with open(p, "rb") as fh:
-                header_hash = hashlib.sha256(fh.read(header_bytes)).hexdigest()
-        return cls(path=str(p), size=int(st.st_size), mtime_ns=int(st.st_mtime_ns), header_hash=header_hash)
+        if content_hash is None:
+            content_hash = current_hash(p, record_dir)
+        return cls(path=str(p), size=int(st.st_size), content_hash=content_hash)
 
 
 # --- canonical form -------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import zstandard
 
 from fx_assets.core.errors import FxDataError
 
+Hasher = Any  # a streaming hasher (``update(bytes)``), e.g. fx_assets.core.checksum.new_hasher()
+
 UNDEF_PRICE = 2**63 - 1
 PRICE_DIVISOR = 1e9  # 1 unit = 1e-9
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -174,6 +176,19 @@ class DbnHeader:
     def record_dtype(self) -> np.dtype[Any]:
         return self.spec().dtype(self.ts_out)
 
+    def require(self, schema: str | None, dataset: str | None = None) -> None:
+        """FxDataError naming the file, the expected and the found schema (and dataset) unless
+        this file holds ``schema`` records (of ``dataset``); None accepts any."""
+        if schema is not None and self.schema != schema:
+            raise FxDataError(
+                f"{self.path}: DBN schema is {self.schema!r}, expected {schema!r} "
+                f"(the file is in the {schema} folder); nothing was decoded"
+            )
+        if dataset is not None and self.dataset != dataset:
+            raise FxDataError(
+                f"{self.path}: DBN dataset is {self.dataset!r}, expected {dataset!r}; nothing was decoded"
+            )
+
 
 def _enum_str(value: Any) -> str | None:
     if value is None:
@@ -220,9 +235,12 @@ def _is_zstd(path: Path) -> bool:
     raise FxDataError(f"{path}: not a DBN file (first bytes {magic!r} are neither zstd nor DBN magic)")
 
 
-def _iter_decompressed(path: Path, chunk_bytes: int) -> Generator[tuple[bytes, int], None, None]:
+def _iter_decompressed(
+    path: Path, chunk_bytes: int, hasher: Hasher | None = None
+) -> Generator[tuple[bytes, int], None, None]:
     """Yield (decompressed piece, source bytes consumed so far); pieces are about
-    ``min(chunk_bytes, _PIECE_TARGET)`` bytes.
+    ``min(chunk_bytes, _PIECE_TARGET)`` bytes. Every source byte read is fed to ``hasher``
+    (the file is read from its first byte to its last, so a full pass hashes the whole file).
 
     zstd: frames are decoded one after another (a file may hold several). The compressed read
     size follows the compression ratio seen so far so that each piece lands near the target
@@ -236,6 +254,8 @@ def _iter_decompressed(path: Path, chunk_bytes: int) -> Generator[tuple[bytes, i
             pos = 0
             while piece := f.read(target):
                 pos += len(piece)
+                if hasher is not None:
+                    hasher.update(piece)
                 yield piece, pos
         return
     dctx = zstandard.ZstdDecompressor()
@@ -251,6 +271,8 @@ def _iter_decompressed(path: Path, chunk_bytes: int) -> Generator[tuple[bytes, i
             if not data:
                 break
             pos += len(data)
+            if hasher is not None:
+                hasher.update(data)
             while data:
                 try:
                     out = dobj.decompress(data)
@@ -307,9 +329,9 @@ def _decode_header(path: Path, prefix: bytes) -> DbnHeader:
 class _Stream:
     """Decompressed byte stream of a DBN file: the header first, then record pieces."""
 
-    def __init__(self, path: Path, chunk_bytes: int) -> None:
+    def __init__(self, path: Path, chunk_bytes: int, hasher: Hasher | None = None) -> None:
         self.path = path
-        self._it = _iter_decompressed(path, chunk_bytes)
+        self._it = _iter_decompressed(path, chunk_bytes, hasher)
         self.pos = 0  # source bytes consumed
         buf = b""
         while len(buf) < _PREFIX_LEN or len(buf) < _PREFIX_LEN + self._meta_len(buf):
@@ -370,19 +392,21 @@ def _check_records(path: Path, arr: np.ndarray, first_index: int, header: DbnHea
 
 
 def iter_record_chunks(
-    path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, hasher: Hasher | None = None
 ) -> Iterator[tuple[DbnHeader, np.ndarray, int]]:
     """Stream the records of a single-schema DBN file as validated numpy record arrays.
 
     Yields ``(header, records, source_bytes_done)``; each ``records`` array holds at most about
     ``chunk_bytes`` of records (a record straddling two decompressed pieces is yielded on its
     own), so memory is bounded by the chunk size, not the file size. The arrays are read-only
-    views of the decompressed bytes. An empty file yields nothing.
+    views of the decompressed bytes. An empty file yields nothing. With ``hasher``, every byte
+    of the source file is fed to it as it is read: after the last chunk it holds the hash of
+    the whole file (:func:`fx_assets.core.checksum.hash_file` gives the same digest).
     """
     path = Path(path)
     if chunk_bytes < 4096:
         raise FxDataError(f"{path}: chunk_bytes={chunk_bytes} is too small (minimum 4096)")
-    stream = _Stream(path, chunk_bytes)
+    stream = _Stream(path, chunk_bytes, hasher)
     header = stream.header
     dtype = header.record_dtype()
     rs = dtype.itemsize

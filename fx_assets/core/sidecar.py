@@ -2,9 +2,16 @@
 
 Owns the sidecar contract of docs/ARCHITECTURE.md: an uncompressed Arrow IPC *file* with
 exactly one record batch (so every column is one contiguous, zero-copy numpy view), the
-column set per schema, the ``fx.*`` schema metadata that identifies the source, and the
-self-invalidation rule (a sidecar is reused only if the source path, size, mtime_ns, header
-hash and the format version all still match — otherwise it is rebuilt, never trusted).
+column set per schema, the ``fx.*`` schema metadata that identifies the source, the body
+checksums, and the self-invalidation rule: a sidecar is reused only if the format version,
+the source path and size, the XXH3-128 hash of the source's whole content
+(:mod:`fx_assets.core.source_hash`), the schema (names and types, so a damaged footer is
+caught) and the sampled body checksum all still match — otherwise it is rebuilt, never
+trusted. The full body checksum (one XXH3-128 per column, hashed while the columns are
+written) is verified by :func:`verify_sidecar` (the asset check); a reuse checks
+``_SAMPLE_BLOCKS`` blocks of ``_SAMPLE_BYTES`` per column (all of a column that small), which
+keeps a warm load of a 17 GB sidecar in milliseconds. The build of one sidecar is serialised
+by a lock (:mod:`fx_assets.core.locks`): a second run waits and reuses the first's output.
 
 How a sidecar is built — each column written once, straight into its place in the file, with
 memory bounded by the chunk size, not the file size:
@@ -34,6 +41,7 @@ memory bounded by the chunk size, not the file size:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import errno
 import glob
@@ -56,10 +64,13 @@ import pyarrow as pa
 
 from fx_assets.core import dbn
 from fx_assets.core.atomic import atomic_path
+from fx_assets.core.checksum import ALGORITHM, digest_of, hash_file, new_hasher
 from fx_assets.core.dbn import SCHEMAS, SchemaSpec, SymbolInterval
 from fx_assets.core.errors import FxCacheError, FxDataError
+from fx_assets.core.locks import build_lock
+from fx_assets.core.source_hash import content_hash, path_tag, record_hash, recorded_hash, stat_stamp
 
-SIDECAR_FORMAT_VERSION = 1
+SIDECAR_FORMAT_VERSION = 2  # 2: whole-content source hash and body checksums
 DEFAULT_CHUNK_BYTES = dbn.DEFAULT_CHUNK_BYTES
 ProgressFn = Callable[[int, int], None]
 
@@ -77,6 +88,7 @@ __all__ = [
     "sidecar_columns",
     "sidecar_path",
     "sidecar_schema",
+    "verify_sidecar",
 ]
 
 _BASE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -109,10 +121,16 @@ _META_KEYS = (
     "fx.source_path",
     "fx.source_size",
     "fx.source_mtime_ns",
-    "fx.header_hash",
+    "fx.source_hash",
+    "fx.checksums",
+    "fx.sample_checksum",
     "fx.symbol_map",
     "fx.n_records",
 )
+# a digest's length is fixed, so the header reserve can be sized before the digests are known
+_DIGEST_PLACEHOLDER = f"{ALGORITHM}:{'0' * 32}"
+_SAMPLE_BLOCKS = 16  # blocks per column checked on every reuse
+_SAMPLE_BYTES = 4096
 
 
 def _columns(spec: SchemaSpec) -> list[tuple[str, pa.DataType]]:
@@ -138,12 +156,15 @@ class SidecarInfo:
     schema: str
     dataset: str
     n_records: int
-    header_hash: str
+    source_hash: str
     source_size: int
     source_mtime_ns: int
     format_version: int
     symbol_map: tuple[SymbolInterval, ...]
     rebuilt: bool
+    #: why ``ensure_sidecar`` decoded: "missing", "forced", "source changed", "checksum
+    #: mismatch", "schema mismatch", "unreadable", "format version" ("" when reused)
+    reason: str = ""
 
     @property
     def reused(self) -> bool:
@@ -153,14 +174,13 @@ class SidecarInfo:
     @property
     def identity_hash(self) -> str:
         """sha256 of what the sidecar's content depends on: format version, source identity
-        (path, size, mtime_ns, header hash) and record count — a data version for callers."""
+        (path, size, content hash) and record count — a data version for callers."""
         key = json.dumps(
             [
                 self.format_version,
                 str(self.source.resolve()),
                 self.source_size,
-                self.source_mtime_ns,
-                self.header_hash,
+                self.source_hash,
                 self.n_records,
             ]
         )
@@ -181,8 +201,7 @@ def sidecar_path(source: Path | str, sidecar_dir: Path | str) -> Path:
     The path hash keeps ``x.dbn`` and ``x.dbn.zst`` (or two folders' ``x``) apart in one dir.
     """
     source = Path(source)
-    tag = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
-    return Path(sidecar_dir) / f"{_source_stem(source)}.{tag}.{SIDECAR_FORMAT_VERSION}.arrow"
+    return Path(sidecar_dir) / f"{_source_stem(source)}.{path_tag(source)}.{SIDECAR_FORMAT_VERSION}.arrow"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -485,6 +504,8 @@ class _Columns:
         self.fill = 0
         self.rows = 0  # rows handed to the writer
         self.written = [0] * len(cols)
+        # one XXH3-128 per column, fed in the writer thread with exactly the bytes it writes
+        self.hashers = [new_hasher() for _ in cols]
         self.place = place
         self.targets: list[tuple[int, int]] | None = None
         self.max_rows: int | None = None
@@ -518,10 +539,15 @@ class _Columns:
             if self.fill == self.capacity:
                 self.flush()
 
-    @staticmethod
-    def _write(stage: list[np.ndarray], fill: int, where: list[tuple[int, int]]) -> None:
-        for buf, (fd, pos) in zip(stage, where, strict=True):
-            _pwrite_all(fd, buf[:fill].data.cast("B"), pos)
+    def _write(self, stage: list[np.ndarray], fill: int, where: list[tuple[int, int]]) -> None:
+        for buf, (fd, pos), h in zip(stage, where, self.hashers, strict=True):
+            data = buf[:fill].data.cast("B")
+            _pwrite_all(fd, data, pos)
+            h.update(data)
+
+    def checksums(self) -> dict[str, str]:
+        """Column name -> digest of the bytes written (call after ``finish``)."""
+        return {name: digest_of(h) for name, h in zip(self.names, self.hashers, strict=True)}
 
     def flush(self) -> None:
         """Hand the current staging set to the writer and switch to the other one."""
@@ -640,6 +666,7 @@ def _decode_columns(
     chunk_bytes: int,
     progress: ProgressFn | None,
     total_bytes: int,
+    hasher: Any = None,
 ) -> _Decoded:
     """Decode ``source`` column by column into ``out``; return N and a few sampled records.
 
@@ -660,7 +687,7 @@ def _decode_columns(
 
     def produce() -> None:
         try:
-            for _, arr, done in dbn.iter_record_chunks(source, chunk_bytes):
+            for _, arr, done in dbn.iter_record_chunks(source, chunk_bytes, hasher):
                 if not put((arr, done)):
                     return
             put(_END)
@@ -700,7 +727,42 @@ def _decode_columns(
     return _Decoded(n, samples)
 
 
-def _metadata(header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int) -> dict[bytes, bytes]:
+@dataclass(frozen=True)
+class _Sums:
+    """What the metadata records about the content: the source's hash and the body checksums."""
+
+    source_hash: str
+    columns: dict[str, str]
+    sample: str
+
+    @staticmethod
+    def placeholder(cols: list[tuple[str, pa.DataType]]) -> _Sums:
+        return _Sums(_DIGEST_PLACEHOLDER, {n: _DIGEST_PLACEHOLDER for n, _ in cols}, _DIGEST_PLACEHOLDER)
+
+
+def _sample_ranges(length: int) -> list[tuple[int, int]]:
+    """(offset, size) of the blocks of a ``length``-byte column checked on every reuse."""
+    if length <= _SAMPLE_BLOCKS * _SAMPLE_BYTES:
+        return [(0, length)] if length else []
+    last = length - _SAMPLE_BYTES
+    return [(j * last // (_SAMPLE_BLOCKS - 1), _SAMPLE_BYTES) for j in range(_SAMPLE_BLOCKS)]
+
+
+def _sample_digest(places: list[tuple[int, int, int]]) -> str:
+    """Digest of the sampled blocks of each column, read with pread from (fd, offset, length)."""
+    h = new_hasher()
+    for fd, base, length in places:
+        for off, size in _sample_ranges(length):
+            block = os.pread(fd, size, base + off)
+            if len(block) != size:
+                raise FxCacheError(f"column data ends early at byte {base + off + len(block)}")
+            h.update(block)
+    return digest_of(h)
+
+
+def _metadata(
+    header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int, sums: _Sums
+) -> dict[bytes, bytes]:
     meta = {
         "fx.format_version": str(SIDECAR_FORMAT_VERSION),
         "fx.schema": str(header.schema),
@@ -708,7 +770,9 @@ def _metadata(header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: 
         "fx.source_path": str(source.resolve()),
         "fx.source_size": str(size),
         "fx.source_mtime_ns": str(mtime_ns),
-        "fx.header_hash": header.header_hash,
+        "fx.source_hash": sums.source_hash,
+        "fx.checksums": json.dumps(sums.columns, separators=(",", ":")),
+        "fx.sample_checksum": sums.sample,
         "fx.symbol_map": json.dumps([m.to_json() for m in header.mappings]),
         "fx.n_records": str(n),
         "fx.dbn_version": str(header.version),
@@ -752,10 +816,15 @@ def _verify(path: Path, schema: pa.Schema, decoded: _Decoded) -> None:
                         raise FxCacheError(f"{path}: column {name} row {i} does not match the decoded record")
 
 
-def _check_unchanged(source: Path, st0: os.stat_result) -> None:
-    st1 = os.stat(source)
-    if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+def _check_source(source: Path, st0: os.stat_result, digest: str, known_hash: str | None) -> None:
+    """The decoded bytes are the file as it is now: stat unchanged, hash as expected."""
+    if stat_stamp(os.stat(source)) != stat_stamp(st0):
         raise FxDataError(f"{source}: the file changed while it was being decoded")
+    if known_hash is not None and digest != known_hash:
+        raise FxDataError(
+            f"{source}: content hash {digest} of the decoded bytes differs from {known_hash}, hashed "
+            "earlier at the same size and dates (the file was rewritten in place); decode it again"
+        )
 
 
 def _write_empty(path: Path, cols: list[tuple[str, pa.DataType]], schema: pa.Schema) -> None:
@@ -772,26 +841,35 @@ def _build_direct(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
-) -> int:
-    """Decode each column once, straight into its region of the sidecar; return N.
+    known_hash: str | None,
+) -> tuple[int, str]:
+    """Decode each column once, straight into its region of the sidecar; return N and the
+    source's content hash.
 
     Raises _Overflow (having removed its temp file) when the estimate of N was too small.
     """
     spec = header.spec()
     cols = _columns(spec)
-    meta0 = _metadata(header, source, st0.st_size, st0.st_mtime_ns, 0)
+    meta0 = _metadata(header, source, st0.st_size, st0.st_mtime_ns, 0, _Sums.placeholder(cols))
     reserve = _header_reserve(cols, sidecar_schema(spec.name, meta0))
+    hasher = new_hasher()
     with atomic_path(dest) as tmp:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             layout = _Layout(fd, cols, header, st0.st_size, reserve)
             with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), layout) as out:
-                decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size)
-            _check_unchanged(source, st0)
+                decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
+            digest = digest_of(hasher)
+            _check_source(source, st0, digest, known_hash)
             n = decoded.n
-            schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
+            sizes = [n * t.bit_width // 8 for _, t in cols]
+            places = [(fd, b, size) for b, size in zip(layout.bases, sizes, strict=False)] if n else []
+            sums = _Sums(digest, out.checksums(), _sample_digest(places))
+            schema = sidecar_schema(
+                spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums)
+            )
             if n:
-                if out.written != [n * t.bit_width // 8 for _, t in cols]:
+                if out.written != sizes:
                     raise FxCacheError(f"{source}: decoded column sizes {out.written} do not match N={n}")
                 image = _direct_image(cols, n, schema, layout.bases)
                 _pwrite_all(fd, image.prefix, 0)
@@ -802,7 +880,7 @@ def _build_direct(
         if not n:
             _write_empty(tmp, cols, schema)
         _verify(tmp, schema, decoded)
-    return n
+    return n, digest
 
 
 def _build_spilled(
@@ -812,17 +890,23 @@ def _build_spilled(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
-) -> int:
-    """Decode into per-column spill files, then copy them into pyarrow's layout; return N."""
+    known_hash: str | None,
+) -> tuple[int, str]:
+    """Decode into per-column spill files, then copy them into pyarrow's layout; return N and
+    the source's content hash."""
     spec = header.spec()
     cols = _columns(spec)
     spill = _Spill(len(cols), dest.parent)
+    hasher = new_hasher()
     try:
         with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), spill) as out:
-            decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size)
-        _check_unchanged(source, st0)
+            decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
+        digest = digest_of(hasher)
+        _check_source(source, st0, digest, known_hash)
         n = decoded.n
-        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n))
+        places = [(fd, off, size) for (fd, off), size in zip(out.targets or [], out.written, strict=False)]
+        sums = _Sums(digest, out.checksums(), _sample_digest(places if n else []))
+        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums))
         with atomic_path(dest) as tmp:
             if n == 0:
                 _write_empty(tmp, cols, schema)
@@ -835,7 +919,7 @@ def _build_spilled(
             _verify(tmp, schema, decoded)
     finally:
         spill.close()
-    return n
+    return n, digest
 
 
 def build_sidecar(
@@ -843,6 +927,11 @@ def build_sidecar(
     dest: Path | str,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: ProgressFn | None = None,
+    *,
+    expect_schema: str | None = None,
+    expect_dataset: str | None = None,
+    record_dir: Path | str | None = None,
+    known_hash: str | None = None,
 ) -> SidecarInfo:
     """Decode ``source`` (DBN trades / tbbo / mbp-1 / mbp-10) into the sidecar ``dest``.
 
@@ -850,7 +939,10 @@ def build_sidecar(
     bytes_total)`` is called after each chunk with source (compressed) bytes (it starts over if
     the direct layout overflows and the file is decoded again). Written atomically; on any
     error no sidecar and no temp file is left behind (FxDataError for bad input, naming the
-    file and offset).
+    file and offset). A file whose DBN schema (dataset) is not ``expect_schema``
+    (``expect_dataset``) fails before anything is created. The source's content hash is taken
+    from the bytes decoded (recorded in ``record_dir`` for the stat they were read at); with
+    ``known_hash`` (hashed earlier at the same stat) a different digest is an error.
     """
     source, dest = Path(source), Path(dest)
     try:
@@ -858,12 +950,15 @@ def build_sidecar(
     except OSError as exc:
         raise FxDataError(f"{source}: cannot stat the DBN source: {exc}") from exc
     header = dbn.read_header(source)
+    header.require(expect_schema, expect_dataset)
     spec = header.spec()  # unsupported / mixed schema: fail before creating anything
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        n = _build_direct(source, dest, header, st0, chunk_bytes, progress)
+        n, digest = _build_direct(source, dest, header, st0, chunk_bytes, progress, known_hash)
     except _Overflow:
-        n = _build_spilled(source, dest, header, st0, chunk_bytes, progress)
+        n, digest = _build_spilled(source, dest, header, st0, chunk_bytes, progress, known_hash)
+    if record_dir is not None:
+        record_hash(source, record_dir, st0, digest)
     if progress is not None:
         progress(st0.st_size, st0.st_size)
     return SidecarInfo(
@@ -872,7 +967,7 @@ def build_sidecar(
         schema=spec.name,
         dataset=header.dataset,
         n_records=n,
-        header_hash=header.header_hash,
+        source_hash=digest,
         source_size=st0.st_size,
         source_mtime_ns=st0.st_mtime_ns,
         format_version=SIDECAR_FORMAT_VERSION,
@@ -882,7 +977,7 @@ def build_sidecar(
 
 
 # ----------------------------------------------------------------------------------------------
-# reuse / invalidation
+# reuse / invalidation / verification
 
 
 def _meta(schema: pa.Schema) -> dict[str, str]:
@@ -890,36 +985,89 @@ def _meta(schema: pa.Schema) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
-def _fresh_info(source: Path, path: Path) -> SidecarInfo | None:
-    """The sidecar's info if it is a valid, current decode of ``source``; None if stale/corrupt."""
+class _Stale(Exception):
+    """The sidecar is not a valid, current decode of its source; ``args[0]`` says why."""
+
+
+def _column_places(src: pa.MemoryMappedFile, batch: pa.RecordBatch) -> list[tuple[int, int]]:
+    """(file offset, byte length) of each column's data buffer."""
+    src.seek(0)
+    base = src.read_buffer(1).address  # the mapping's start: file offset 0
+    out = []
+    for col in batch.columns:
+        buf = col.buffers()[1]
+        width = col.type.bit_width // 8
+        out.append((buf.address - base + col.offset * width, len(col) * width))
+    return out
+
+
+def _check(
+    path: Path, source: Path | None, current_hash: str | None, expect_schema: str | None, full: bool
+) -> dict[str, str]:
+    """The sidecar's metadata if it is intact and (with ``current_hash``) a decode of the
+    source as it is now; _Stale saying why not. ``full`` hashes every column; otherwise the
+    sampled blocks."""
     try:
         with pa.memory_map(str(path), "r") as src:
             reader = pa.ipc.open_file(src)
             meta = _meta(reader.schema)
-            n_batches = reader.num_record_batches
-            n_rows = reader.get_batch(0).num_rows if n_batches == 1 else -1
-        if any(k not in meta for k in _META_KEYS) or n_batches != 1 or n_rows != int(meta["fx.n_records"]):
-            return None
-        st = os.stat(source)
-        current = {
-            "fx.format_version": str(SIDECAR_FORMAT_VERSION),
-            "fx.source_path": str(source.resolve()),
-            "fx.source_size": str(st.st_size),
-            "fx.source_mtime_ns": str(st.st_mtime_ns),
-        }
-        if any(meta[k] != v for k, v in current.items()):
-            return None
-        if meta["fx.header_hash"] != dbn.header_hash(source):
-            return None
-    except (OSError, pa.ArrowException, FxDataError, ValueError, KeyError):
-        return None
+            if any(k not in meta for k in _META_KEYS):
+                raise _Stale("format version")
+            if meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
+                raise _Stale("format version")
+            if reader.num_record_batches != 1:
+                raise _Stale("unreadable")
+            if meta["fx.schema"] not in SCHEMAS or not reader.schema.equals(
+                sidecar_schema(meta["fx.schema"]), check_metadata=False
+            ):
+                raise _Stale("schema mismatch")
+            if expect_schema is not None and meta["fx.schema"] != expect_schema:
+                raise _Stale("schema mismatch")
+            batch = reader.get_batch(0)
+            if batch.num_rows != int(meta["fx.n_records"]):
+                raise _Stale("unreadable")
+            if source is not None:
+                st = os.stat(source)
+                if meta["fx.source_path"] != str(source.resolve()) or meta["fx.source_size"] != str(
+                    st.st_size
+                ):
+                    raise _Stale("source changed")
+            if current_hash is not None and meta["fx.source_hash"] != current_hash:
+                raise _Stale("source changed")
+            places = _column_places(src, batch) if batch.num_rows else [(0, 0)] * batch.num_columns
+            with open(path, "rb") as f:
+                fd = f.fileno()
+                if full:
+                    sums = json.loads(meta["fx.checksums"])
+                    for name, (off, length) in zip(batch.schema.names, places, strict=True):
+                        h = new_hasher()
+                        pos, end = off, off + length
+                        while pos < end:
+                            block = os.pread(fd, min(end - pos, 16 << 20), pos)
+                            if not block:
+                                raise _Stale("unreadable")
+                            h.update(block)
+                            pos += len(block)
+                        if digest_of(h) != sums.get(name):
+                            raise _Stale(f"checksum mismatch in column {name}")
+                elif (
+                    _sample_digest([(fd, off, length) for off, length in places])
+                    != meta["fx.sample_checksum"]
+                ):
+                    raise _Stale("checksum mismatch")
+    except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
+        raise _Stale("unreadable") from exc
+    return meta
+
+
+def _info(source: Path, path: Path, meta: dict[str, str]) -> SidecarInfo:
     return SidecarInfo(
         path=path,
         source=source,
         schema=meta["fx.schema"],
         dataset=meta["fx.dataset"],
         n_records=int(meta["fx.n_records"]),
-        header_hash=meta["fx.header_hash"],
+        source_hash=meta["fx.source_hash"],
         source_size=int(meta["fx.source_size"]),
         source_mtime_ns=int(meta["fx.source_mtime_ns"]),
         format_version=int(meta["fx.format_version"]),
@@ -928,31 +1076,82 @@ def _fresh_info(source: Path, path: Path) -> SidecarInfo | None:
     )
 
 
+def verify_sidecar(sidecar_path: Path | str, source_path: Path | str) -> None:
+    """Full check of a sidecar against its source: the source is hashed again (whole file, the
+    stat record ignored) and every column's checksum, the schema and the format are verified.
+    FxDataError naming the sidecar (and what failed) otherwise."""
+    sidecar_path, source_path = Path(sidecar_path), Path(source_path)
+    if not sidecar_path.is_file():
+        raise FxDataError(f"{sidecar_path}: sidecar does not exist")
+    try:
+        current = hash_file(source_path)
+    except OSError as exc:
+        raise FxDataError(f"{source_path}: cannot read the source of {sidecar_path.name}: {exc}") from exc
+    try:
+        _check(sidecar_path, source_path, current, None, full=True)
+    except _Stale as exc:
+        raise FxDataError(
+            f"{sidecar_path}: sidecar failed verification against {source_path}: {exc.args[0]}"
+        ) from None
+
+
 def ensure_sidecar(
     source: Path | str,
     sidecar_dir: Path | str,
     rebuild: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: ProgressFn | None = None,
+    *,
+    expect_schema: str | None = None,
+    expect_dataset: str | None = None,
 ) -> SidecarInfo:
     """Return a sidecar of ``source`` in ``sidecar_dir``, reusing a fresh one, rebuilding a stale one.
 
-    Fresh means the recorded source path, size, mtime_ns, header hash and format version all
-    match now. A stale sidecar (and any sidecar of this source with another format version)
-    is deleted before the rebuild, so a failed rebuild leaves nothing that could be trusted.
+    Fresh means: format version, source path and size and the source's content hash (the one
+    recorded for the current stat, else hashed now) match, the schema is intact (and is
+    ``expect_schema``), and the sampled body checksum verifies. Under the build lock of the
+    sidecar, so a concurrent second caller waits and then reuses. A stale sidecar stays in
+    place (readable) until its replacement is renamed over it; if the rebuild fails it is
+    removed, so nothing that could be trusted is left. ``SidecarInfo.reason`` says why it was
+    decoded.
     """
     source, sidecar_dir = Path(source), Path(sidecar_dir)
     dest = sidecar_path(source, sidecar_dir)
-    if not rebuild and dest.exists():
-        info = _fresh_info(source, dest)
-        if info is not None:
-            return info
-    prefix = dest.name[: -len(f"{SIDECAR_FORMAT_VERSION}.arrow")]
-    if sidecar_dir.is_dir():
+    with build_lock(dest):
+        try:
+            st = os.stat(source)
+        except OSError as exc:
+            raise FxDataError(f"{source}: cannot stat the DBN source: {exc}") from exc
+        known = recorded_hash(source, sidecar_dir, st)
+        reason = "forced" if rebuild else "missing"
+        if not rebuild and dest.exists():
+            if known is None:
+                known = content_hash(source, sidecar_dir)
+            try:
+                return _info(source, dest, _check(dest, source, known, expect_schema, full=False))
+            except _Stale as exc:
+                reason = exc.args[0]
+        try:
+            info = build_sidecar(
+                source,
+                dest,
+                chunk_bytes=chunk_bytes,
+                progress=progress,
+                expect_schema=expect_schema,
+                expect_dataset=expect_dataset,
+                record_dir=sidecar_dir,
+                known_hash=known,
+            )
+        except BaseException:
+            if reason not in ("missing", "forced"):
+                dest.unlink(missing_ok=True)  # stale: never left behind to be trusted
+            raise
+        # sidecars of this source with another format version are obsolete now
+        prefix = dest.name[: -len(f"{SIDECAR_FORMAT_VERSION}.arrow")]
         for old in sidecar_dir.glob(f"{glob.escape(prefix)}*.arrow"):
-            if old.name[len(prefix) : -len(".arrow")].isdigit():
+            if old != dest and old.name[len(prefix) : -len(".arrow")].isdigit():
                 old.unlink(missing_ok=True)
-    return build_sidecar(source, dest, chunk_bytes=chunk_bytes, progress=progress)
+        return dataclasses.replace(info, reason=reason)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1096,6 +1295,7 @@ def describe_dbn(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> di
         "symbols": list(h.symbols),
         "symbol_map": [m.to_json() for m in h.mappings],
         "header_hash": h.header_hash,
+        "content_hash": hash_file(path),
         "decodable": h.schema in SCHEMAS,
     }
     if h.schema in SCHEMAS:

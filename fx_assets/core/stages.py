@@ -63,6 +63,7 @@ DEFAULT_BOOK_CHUNK = 500_000
 # holds about ``book_chunk`` book events + trades / TRADE_WEIGHT: a quarter with a thin book
 # is still cut into bounded chunks.
 TRADE_WEIGHT = 8
+_ACTION_TRADE = ord("T")
 _SIDE_BUY = ord("B")
 _SIDE_SELL = ord("A")
 
@@ -319,6 +320,19 @@ def _active_pass(
     return o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered
 
 
+def check_trade_actions(where: Path | str, action: npt.NDArray[np.uint8]) -> None:
+    """FxDataError unless every record is a trade (action ``T``): a book file that reached the
+    trades path would otherwise turn its adds, cancels and modifies into trades."""
+    bad = np.flatnonzero(action != _ACTION_TRADE)
+    if bad.size:
+        i = int(bad[0])
+        codes = sorted({chr(int(c)) for c in np.unique(action[bad])})
+        raise FxDataError(
+            f"{where}: {bad.size} of {action.size} records are not trades (actions {codes}; first at "
+            f"row {i}, action {chr(int(action[i]))!r}); expected only 'T' in a trades file"
+        )
+
+
 def active_trades(
     trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
 ) -> ActiveTrades:
@@ -328,7 +342,8 @@ def active_trades(
     One numba pass over the memory-mapped sidecar columns (session lookup, roll calendar,
     filters) and one writing the kept trades: the only allocations are the outputs.
     """
-    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side"])
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
     ts = cols["ts_recv"]
     bounds, act, days = _active_table(calendar, ts)
     o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_pass(

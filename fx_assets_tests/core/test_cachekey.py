@@ -28,6 +28,7 @@ from fx_assets.core.cachekey import (
     mutate_field_value,
     replace_field,
 )
+from fx_assets.core.checksum import hash_file
 from fx_assets.core.fxcache import open_fxcache, write_fxcache
 
 
@@ -70,12 +71,8 @@ class FeatureConfig(BaseModel):
 
 CONFIGS: list[BaseModel] = [BarConfig(), FeatureConfig()]
 SOURCES = [
-    SourceIdentity(
-        "/data/raw/trades/ES.FUT/ES.FUT_2024-Q1.dbn.zst", 123456, 1_700_000_000_000_000_000, "ab" * 32
-    ),
-    SourceIdentity(
-        "/data/raw/mbp-10/ES.FUT/ES.FUT_2024-Q1.dbn.zst", 654321, 1_700_000_000_000_000_001, "cd" * 32
-    ),
+    SourceIdentity("/data/raw/trades/ES.FUT/ES.FUT_2024-Q1.dbn.zst", 123456, "xxh3-128:" + "ab" * 16),
+    SourceIdentity("/data/raw/mbp-10/ES.FUT/ES.FUT_2024-Q1.dbn.zst", 654321, "xxh3-128:" + "cd" * 16),
 ]
 
 
@@ -165,8 +162,7 @@ def test_sources_format_and_code_version_change_the_key() -> None:
     new_values: dict[str, Any] = {
         "path": "/elsewhere.dbn.zst",
         "size": 1,
-        "mtime_ns": 2,
-        "header_hash": "ef" * 32,
+        "content_hash": "xxh3-128:" + "ef" * 16,
     }
     for si in range(len(SOURCES)):
         for f in fields(SourceIdentity):
@@ -206,14 +202,49 @@ def test_source_identity_from_path(tmp_path: Path) -> None:
     f = tmp_path / "x.dbn.zst"
     f.write_bytes(b"DBN\x02" + bytes(100))
     a = SourceIdentity.from_path(f)
-    assert a.size == 104 and a.path == str(f.resolve()) and len(a.header_hash) == 64
+    assert a.size == 104 and a.path == str(f.resolve()) and a.content_hash == hash_file(f)
     f.write_bytes(b"DBN\x03" + bytes(100))  # same size, new content
-    os.utime(f, ns=(a.mtime_ns, a.mtime_ns))  # same mtime too
     b = SourceIdentity.from_path(f)
-    assert (b.size, b.mtime_ns) == (a.size, a.mtime_ns)
-    assert b.header_hash != a.header_hash
+    assert b.size == a.size and b.content_hash != a.content_hash
     assert key_of(CONFIGS, [a]) != key_of(CONFIGS, [b])
-    assert SourceIdentity.from_path(f, header_hash="00" * 32).header_hash == "00" * 32
+    given = "xxh3-128:" + "00" * 16
+    assert SourceIdentity.from_path(f, content_hash=given).content_hash == given
+
+
+def test_change_after_the_first_64_kib_with_same_size_and_mtime_moves_the_identity(tmp_path: Path) -> None:
+    """Found 4: identity was (path, size, mtime, hash of the first 64 KiB)."""
+    f = tmp_path / "raw.dbn.zst"
+    data = bytearray(np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
+    f.write_bytes(bytes(data))
+    record = tmp_path / "records"
+    a = SourceIdentity.from_path(f, record_dir=record)
+    st = f.stat()
+    data[(1 << 16) + 12345] ^= 0xFF  # one byte after the first 64 KiB
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    b = SourceIdentity.from_path(f, record_dir=record)
+    assert b.content_hash != a.content_hash and b.content_hash == hash_file(f)
+    assert key_of(CONFIGS, [a]) != key_of(CONFIGS, [b])
+
+
+def test_recorded_hash_is_reused_while_the_stat_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fx_assets.core import source_hash
+
+    f = tmp_path / "raw.dbn"
+    f.write_bytes(b"DBN\x02" + bytes(1000))
+    rec = tmp_path / "records"
+    first = source_hash.content_hash(f, rec)
+    calls = []
+    real = source_hash.hash_file
+    monkeypatch.setattr(source_hash, "hash_file", lambda p: calls.append(p) or real(p))
+    assert source_hash.content_hash(f, rec) == first and calls == []  # from the record
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # stat moved: hashed again
+    assert source_hash.content_hash(f, rec) == first and len(calls) == 1
+    assert source_hash.content_hash(f, rec) == first and len(calls) == 1
 
 
 def test_two_parameter_sets_coexist_in_one_directory(tmp_path: Path) -> None:

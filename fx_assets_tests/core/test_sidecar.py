@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from fx_assets.core import dbn, sidecar
+from fx_assets.core import checksum, dbn, sidecar
 from fx_assets.core.errors import FxCacheError, FxDataError
 from fx_assets_tests.conftest import REPO
 from fx_assets_tests.core.test_dbn import (
@@ -64,7 +64,8 @@ def _level_cols(n: int) -> list[tuple[str, str]]:
 
 
 def _dir_listing(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir())
+    """The folder's files, without the build locks and source-hash records that stay beside them."""
+    return sorted(p.name for p in d.iterdir() if not p.name.endswith((".lock", ".source.json")))
 
 
 def _stamp(p: Path) -> tuple[int, int, str]:
@@ -113,7 +114,7 @@ def test_lossless_against_databento_and_csv(path: Path, tmp_path: Path) -> None:
     assert meta["fx.source_path"] == str(path.resolve())
     assert int(meta["fx.source_size"]) == path.stat().st_size
     assert int(meta["fx.source_mtime_ns"]) == path.stat().st_mtime_ns
-    assert meta["fx.header_hash"] == dbn.header_hash(path)
+    assert meta["fx.source_hash"] == checksum.hash_file(path)
     assert int(meta["fx.n_records"]) == len(ref)
     assert sidecar.read_symbol_map(info.path) == list(h.mappings) == sidecar.read_symbol_map(table)
     sm = json.loads(meta["fx.symbol_map"])
@@ -195,13 +196,12 @@ def test_reuse_and_invalidation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert again.identity_hash == first.identity_hash and again.symbol_map == first.symbol_map
     assert _stamp(first.path) == stamp
 
-    # touch (mtime only) -> rebuilt
+    # touch (mtime only) -> same content, re-hashed and reused
     st = src.stat()
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     touched = sidecar.ensure_sidecar(src, sc)
-    assert touched.rebuilt and not touched.reused and touched.identity_hash != first.identity_hash
-    stamp = _stamp(first.path)
-    assert not sidecar.ensure_sidecar(src, sc).rebuilt
+    assert touched.reused and touched.identity_hash == first.identity_hash
+    assert _stamp(first.path) == stamp
 
     # same size, other records, mtime moves on (a re-download) -> rebuilt
     raw = bytearray(src.read_bytes())
@@ -549,7 +549,7 @@ def test_write_error_in_writer_thread_leaves_nothing(tmp_path: Path, monkeypatch
         real(fd, data, pos)
 
     monkeypatch.setattr(sidecar, "_pwrite_all", failing)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(FxDataError, match=r"e\.arrow: no space left"):
         sidecar.build_sidecar(p, tmp_path / "out" / "e.arrow", chunk_bytes=16384)
     assert _dir_listing(tmp_path / "out") == []
 
