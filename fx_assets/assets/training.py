@@ -26,9 +26,9 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldRange, fold_range, fold_table, quarter_start_ns
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, stitch
-from fx_assets.core.trainers.common import fold_transition
 from fx_assets.core.trainers.dqn import train_dqn
 from fx_assets.core.trainers.mlp import train_mlp
+from fx_assets.core.trainers.transition import fold_transition
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -200,9 +200,9 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                 continue
             view = fxcache.view(parts)
             t0 = time.perf_counter()
-            segments = view.price("contract") if "contract" in view.price_columns else None
             try:
-                fold = fold_transition(view, fr, cfg, segments=segments)
+                # session ids and the contract-roll mask come with the view (computed at upload)
+                fold = fold_transition(view, fr, cfg)
             except FxDataError as exc:
                 raise dg.Failure(f"{part.label}: {exc}") from exc
             transition_ms = (time.perf_counter() - t0) * 1e3

@@ -14,13 +14,19 @@ Layout on the device, per quarter
   column of the fxcache row in file order. A uint16 source is taken as bfloat16 bit patterns
   (the fxcache ``bf16`` value dtype) and moved as 2-byte words, so a bf16 cache crosses the bus
   at half the f32 size.
-- ``prices``: ``[n, k]`` float64, the *price columns* (by default whichever of ``open``,
-  ``high``, ``low``, ``close``, ``mid_open``, ``vwap`` are present; ``close`` is required).
-  Labels are log-returns of close prices over a few bars (a tick is ~5e-5 of the price), so
-  they are derived from this exact float64 copy, never from the f32/bf16 value block. A bf16
-  value block cannot hold prices at all (8 mantissa bits: steps of 16-32 points at ES levels),
-  so a bf16 source must pass its prices separately (``prices=``) or the upload is refused.
-- Timestamps stay on the host (int64 ns): only fold boundaries and session ids need them.
+- ``prices``: ``[n, k]`` float64, the *price columns* (from an fxcache file: its f64 price
+  block, padding included, uploaded as it is; ``close`` is required). Labels are log-returns
+  of close prices over a few bars (a tick is ~5e-5 of the price), so they are derived from
+  exact float64 prices only: the store refuses prices from any other source (an f32 / bf16
+  value block, whose 8 mantissa bits once turned 130 distinct closes into 2), and, given the
+  instrument's ``price_tick``, refuses trade-price columns (open, high, low, close) that are
+  off the tick grid or whose resolution (the gcd of their moves in ticks) is coarser than
+  one tick — the signature of prices rounded by a narrower type.
+- Timestamps stay on the host (int64 ns), with the session id of every bar computed once per
+  quarter at upload (``calendar.session_day``), so a fold never does calendar work.
+- ``segment_changes``: when a ``contract`` price column is present, the running count of
+  contract changes (int32, on the device), computed once per quarter at upload: a label whose
+  price window spans a roll is masked from it by index arithmetic alone.
 
 Fast path from fxcache files
 ----------------------------
@@ -54,11 +60,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from fx_assets.core import calendar
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, open_fxcache
 
-DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap")
+DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap", "contract")
 CLOSE_COLUMN = "close"
+SEGMENT_COLUMN = "contract"  # price column whose changes are contract rolls
+TICK_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")  # trade prices: on the tick grid
+TICK_TOLERANCE = 1e-6  # |p / tick - round(p / tick)| allowed, in ticks
 
 ValueDtype = Literal["float32", "bfloat16"]
 _TORCH_VALUE_DTYPE: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -91,6 +101,8 @@ class DeviceSlice:
     columns: tuple[str, ...]
     price_columns: tuple[str, ...]
     offsets: npt.NDArray[np.int64]  # [len(keys) + 1]
+    sessions: npt.NDArray[np.int32]  # [n] host, session day of each bar (computed at upload)
+    segment_changes: torch.Tensor | None = None  # [n] int32 on the device: contract changes so far
 
     @property
     def n_rows(self) -> int:
@@ -129,35 +141,105 @@ class _Quarter:
     ts: npt.NDArray[np.int64]
     columns: tuple[str, ...]
     price_columns: tuple[str, ...]
+    sessions: npt.NDArray[np.int32]
+    segment_changes: torch.Tensor | None
+
+
+def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor | None:
+    """Running count of changes of the ``contract`` column (0 at row 0), or None without one."""
+    if SEGMENT_COLUMN not in pcols:
+        return None
+    seg = prices[:, list(pcols).index(SEGMENT_COLUMN)]
+    c = torch.zeros(seg.shape[0], dtype=torch.int32, device=seg.device)
+    if seg.shape[0] > 1:
+        c[1:] = torch.cumsum(seg[1:] != seg[:-1], 0, dtype=torch.int32)
+    return c
+
+
+def _price_flags(
+    prices: torch.Tensor, pcols: Sequence[str], tick: float | None
+) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]:
+    """Device-side price checks, no host sync: (any non-finite / non-positive price,
+    [(column, off-grid count, gcd of the moves in ticks)] for each tick column)."""
+    px = prices[:, : len(pcols)]
+    bad = ((~torch.isfinite(px)) | (px <= 0.0)).any()
+    out = []
+    if tick is not None:
+        for j, name in enumerate(pcols):
+            if name not in TICK_COLUMNS:
+                continue
+            r = px[:, j] / tick
+            t = torch.round(r)
+            off = (torch.abs(r - t) > TICK_TOLERANCE).sum()
+            g = torch.abs(t.to(torch.int64) - t[0].to(torch.int64))
+            while g.shape[0] > 1:  # tree reduction of the gcd (log2 n launches)
+                if g.shape[0] % 2:
+                    g = torch.cat([g, g.new_zeros(1)])
+                g = torch.gcd(g[0::2], g[1::2])
+            out.append((j, off, g[0] if g.shape[0] else torch.zeros((), dtype=torch.int64)))
+    return bad, out
+
+
+def _raise_price_faults(
+    where: str,
+    prices: torch.Tensor,
+    pcols: Sequence[str],
+    tick: float | None,
+    bad: bool,
+    grid: list[tuple[int, int, int]],
+) -> None:
+    if bad:
+        px = prices[:, : len(pcols)]
+        r, c = torch.nonzero((~torch.isfinite(px)) | (px <= 0))[0].tolist()
+        raise FxDataError(f"{where}: price column {pcols[c]!r} not finite/positive at bar {r}")
+    for j, off, g in grid:
+        if off:
+            raise FxDataError(
+                f"{where}: price column {pcols[j]!r} has {off} values off the {tick} tick grid: prices "
+                "must be the exact float64 prices of the fxcache price block"
+            )
+        if g > 1:
+            raise FxDataError(
+                f"{where}: price column {pcols[j]!r} moves only in multiples of {g} ticks ({g * (tick or 0.0):g}): "
+                f"its resolution is coarser than the {tick} tick (prices rounded by a narrower type?); "
+                "prices must be the exact float64 prices of the fxcache price block"
+            )
+
+
+@dataclass
+class _Region:
+    """One block of an fxcache file on its way to its device tensor (fast path)."""
+
+    offset: int  # byte offset of the block in the file
+    n: int
+    w: int
+    src: str  # stored dtype: f32 | bf16 | f64
+    rowbytes: int
+    dest: torch.Tensor  # [n, w] on the device
+
+    @property
+    def direct(self) -> bool:
+        """Whether the file's bytes can land in the destination as they are."""
+        return _WIRE_DTYPE[self.src] == self.dest.dtype
 
 
 @dataclass
 class _FileSpec:
-    """One fxcache file on its way to the device (fast path)."""
+    """One fxcache file on its way to the device (fast path): its price and value blocks."""
 
     key: str
     path: Path
     fc: FxCache
-    offset: int  # byte offset of the value block
     n: int
-    w: int
-    src: str  # fxcache dtype: f32 | bf16 | f64
-    rowbytes: int
     ts: npt.NDArray[np.int64]
+    sessions: npt.NDArray[np.int32]
     cols: tuple[str, ...]
     pcols: tuple[str, ...]
-    price_idx: list[int]
-    prices_host: npt.NDArray[np.float64] | None
-    dest: torch.Tensor
-    prices_dev: torch.Tensor | None = None
+    values: _Region
+    prices: _Region
 
 
 _WIRE_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": torch.float64}
-
-
-def _direct(src: str, store_dtype: torch.dtype) -> bool:
-    """Whether the file's bytes can land in the destination as they are."""
-    return _WIRE_DTYPE[src] == store_dtype
 
 
 def _decode_wire(raw: torch.Tensor, src: str, rows: int, w: int) -> torch.Tensor:
@@ -225,7 +307,9 @@ class DeviceStore:
     ``chunk_rows`` bounds the pinned host staging memory to ``2 * chunk_rows * w`` words (two
     buffers, so the host fills one while the device copies from the other). ``max_views`` is how
     many concatenations (distinct key sets) stay cached; each costs device memory equal to its
-    quarters, so a rolling walk-forward keeps only the last few.
+    quarters, so a rolling walk-forward keeps only the last few. ``price_tick`` (the
+    instrument's tick, price units) switches on the tick-grid and resolution checks of the
+    trade-price columns.
     """
 
     def __init__(
@@ -237,7 +321,10 @@ class DeviceStore:
         *,
         staging_bytes: int = 8 << 20,
         io_threads: int | None = None,
+        price_tick: float | None = None,
     ) -> None:
+        if price_tick is not None and not (np.isfinite(price_tick) and price_tick > 0):
+            raise FxDataError(f"DeviceStore: price_tick must be finite and > 0, got {price_tick!r}")
         if value_dtype not in _TORCH_VALUE_DTYPE:
             raise FxDataError(f"DeviceStore: value_dtype must be float32 or bfloat16, got {value_dtype!r}")
         if chunk_rows <= 0 or max_views <= 0 or staging_bytes <= 0:
@@ -253,6 +340,7 @@ class DeviceStore:
         self._io_threads = int(io_threads) if io_threads else max(1, min(8, os.cpu_count() or 1))
         self._pool: list[torch.Tensor] = []  # pinned chunk buffers of the fxcache fast path
         self._copy_stream: Any = None
+        self._tick = float(price_tick) if price_tick is not None else None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -291,13 +379,15 @@ class DeviceStore:
         price_columns: Sequence[str] | None = None,
         prices: npt.NDArray[np.float64] | None = None,
     ) -> None:
-        """Upload one quarter's fxcache block once.
+        """Upload one quarter's block once.
 
         ``values`` is ``[n, w]`` float32, float64, or uint16 (bfloat16 bit patterns), e.g. a
-        memmap of the fxcache value block; it is read chunk by chunk. ``columns`` names the first
+        memmap of an fxcache value block; it is read chunk by chunk. ``columns`` names the first
         ``len(columns) <= w`` columns; the rest is row padding. ``price_columns`` names the
-        columns kept in float64 (default: those of :data:`DEFAULT_PRICE_COLUMNS` present);
-        ``prices`` (``[n, len(price_columns)]`` float64) must be given for a bf16 source.
+        price columns (default: those of :data:`DEFAULT_PRICE_COLUMNS` present in ``columns``);
+        their float64 values are ``prices`` (``[n, len(price_columns)]``, dtype float64), or,
+        without it, those columns of a float64 ``values`` block. Prices are never taken from an
+        f32 / bf16 block.
         """
         if key in self._quarters:
             raise FxDataError(f"DeviceStore: quarter {key!r} is already resident (uploads happen once)")
@@ -332,19 +422,24 @@ class DeviceStore:
         if CLOSE_COLUMN not in pcols:
             raise FxDataError(f"{key}: no {CLOSE_COLUMN!r} price column (price columns {pcols})")
         if prices is None:
-            if is_bf16:
+            if src_kind != np.float64:
+                kind = "bf16" if is_bf16 else str(src_kind)
                 raise FxDataError(
-                    f"{key}: bf16 values cannot carry prices exactly; pass prices= (float64) for {pcols}"
+                    f"{key}: {kind} values cannot carry prices exactly; pass prices= (the float64 price "
+                    f"block) for {pcols}"
                 )
             missing = [c for c in pcols if c not in cols]
             if missing:
                 raise FxDataError(f"{key}: price columns {missing} not in columns")
-            price_idx = [cols.index(c) for c in pcols]
+            prices_host = np.ascontiguousarray(values[:, [cols.index(c) for c in pcols]], dtype=np.float64)
         else:
-            prices = np.asarray(prices, dtype=np.float64)
-            if prices.shape != (n, len(pcols)):
-                raise FxDataError(f"{key}: prices shape {prices.shape}, want {(n, len(pcols))}")
-            price_idx = []
+            if not isinstance(prices, np.ndarray) or prices.dtype != np.float64:
+                raise FxDataError(
+                    f"{key}: prices must be a float64 array, got {getattr(prices, 'dtype', prices)}"
+                )
+            prices_host = np.ascontiguousarray(prices)
+            if prices_host.shape != (n, len(pcols)):
+                raise FxDataError(f"{key}: prices shape {prices_host.shape}, want {(n, len(pcols))}")
 
         t0 = time.perf_counter()
         dev = self._device
@@ -366,7 +461,6 @@ class DeviceStore:
             [torch.empty((rows, w), dtype=torch.int16, device=dev) for _ in range(2)] if not direct else []
         )
         events: list[Any] = [None, None]
-        prices_host = np.empty((n, len(pcols)), dtype=np.float64) if prices is None else prices
         n_chunks = 0
         for ci, i in enumerate(range(0, n, rows)):
             j = min(i + rows, n)
@@ -377,8 +471,6 @@ class DeviceStore:
             chunk = src_view[i:j]
             buf = bufs[b][:m]
             buf.copy_(_from_numpy_readonly(np.ascontiguousarray(chunk)))  # host-side cast/pack
-            if price_idx:
-                prices_host[i:j] = chunk[:, price_idx]
             if direct:
                 dest_wire[i:j].copy_(buf, non_blocking=cuda)
             else:
@@ -390,16 +482,32 @@ class DeviceStore:
                 ev.record()
                 events[b] = ev
             n_chunks += 1
-        bad_px = ~np.isfinite(prices_host) | (prices_host <= 0.0)
-        if bad_px.any():
-            r, c = np.argwhere(bad_px)[0]
-            raise FxDataError(f"{key}: price column {pcols[c]!r} not finite/positive at bar {int(r)}")
         prices_dev = torch.from_numpy(prices_host).to(dev)
+        bad_px, grid = _price_flags(prices_dev, pcols, self._tick)
+        flags = torch.stack([bad_px.long(), *[x for _, off, g in grid for x in (off.long(), g.long())]])
+        got = flags.cpu().tolist()  # the one host sync
+        _raise_price_faults(
+            key,
+            prices_dev,
+            pcols,
+            self._tick,
+            bool(got[0]),
+            [(j, got[1 + 2 * k], got[2 + 2 * k]) for k, (j, _, _) in enumerate(grid)],
+        )
         if cuda:
             torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - t0
 
-        self._quarters[key] = _Quarter(key, dest, prices_dev, ts.copy(), cols, pcols)
+        self._quarters[key] = _Quarter(
+            key,
+            dest,
+            prices_dev,
+            ts.copy(),
+            cols,
+            pcols,
+            calendar.session_day(ts).astype(np.int32),
+            _segment_changes(prices_dev, pcols),
+        )
         st = self._stats
         st.uploads += 1
         st.uploads_by_key[key] = st.uploads_by_key.get(key, 0) + 1
@@ -411,47 +519,32 @@ class DeviceStore:
         st.chunks += n_chunks
 
     # ------------------------------------------------------------------ fxcache fast path
-    def add_fxcache(
-        self,
-        key: str,
-        path: Path | str,
-        *,
-        price_columns: Sequence[str] | None = None,
-        prices: npt.NDArray[np.float64] | None = None,
-    ) -> None:
-        """Upload one fxcache file's value block once (threaded reads into pinned chunks).
+    def add_fxcache(self, key: str, path: Path | str) -> None:
+        """Upload one fxcache file's blocks once (threaded reads into pinned chunks).
 
-        Same result as ``add_quarter(key, fc.ts, fc.values, fc.column_names, ...)`` on
-        ``fc = open_fxcache(path)``, but the value block never passes through a memmap: it is
-        read with ``os.preadv`` into pinned buffers and copied on a separate CUDA stream.
-        ``price_columns`` defaults to the file's ``price`` group; a bf16 file needs ``prices``.
+        Same result as ``add_quarter(key, fc.ts, fc.values, fc.value_column_names,
+        price_columns=fc.group_names("price"), prices=fc.prices)`` on ``fc = open_fxcache(path)``
+        (with the price block's padding kept), but no block passes through a memmap: each is read
+        with ``os.preadv`` into pinned buffers and copied on a separate CUDA stream.
         """
-        self.add_fxcaches([(key, path)], price_columns=price_columns, prices=[prices])
+        self.add_fxcaches([(key, path)])
 
-    def add_fxcaches(
-        self,
-        items: Sequence[tuple[str, Path | str]],
-        *,
-        price_columns: Sequence[str] | None = None,
-        prices: Sequence[npt.NDArray[np.float64] | None] | None = None,
-    ) -> None:
+    def add_fxcaches(self, items: Sequence[tuple[str, Path | str]]) -> None:
         """Upload several fxcache files (``(key, path)`` pairs) through one read/copy pipeline.
 
-        The files' structure and timestamps are validated by ``open_fxcache`` (its finite scan
-        is replaced by a device-side check); values, prices and timestamps then follow the rules
-        of :meth:`add_quarter`. Nothing is registered unless every file passes.
+        The files' structure, checksums and timestamps are validated by ``open_fxcache`` (its
+        finite scan is replaced by a device-side check); each file's f64 price block and its
+        value block go to the device in one copy each, then the checks of :meth:`add_quarter`
+        run on the device. Nothing is registered unless every file passes.
         """
         if not items:
             return
-        given = list(prices) if prices is not None else [None] * len(items)
-        if len(given) != len(items):
-            raise FxDataError(f"add_fxcaches: {len(given)} price arrays for {len(items)} files")
         keys = [k for k, _ in items]
         dup = [k for k in keys if keys.count(k) > 1 or k in self._quarters]
         if dup:
             raise FxDataError(f"DeviceStore: quarter {dup[0]!r} is already resident or repeated")
         t0 = time.perf_counter()
-        specs = self._open_specs(items, given, price_columns)
+        specs = self._open_specs(items)
         t1 = time.perf_counter()
         try:
             self._stream_specs(specs)
@@ -467,27 +560,26 @@ class DeviceStore:
         elapsed = time.perf_counter() - t0
         st = self._stats
         for sp in specs:
-            assert sp.prices_dev is not None
-            self._quarters[sp.key] = _Quarter(sp.key, sp.dest, sp.prices_dev, sp.ts, sp.cols, sp.pcols)
+            prices = sp.prices.dest[:, : len(sp.pcols)]  # a view: the padding stays unaddressed
+            self._quarters[sp.key] = _Quarter(
+                sp.key,
+                sp.values.dest,
+                prices,
+                sp.ts,
+                sp.cols,
+                sp.pcols,
+                sp.sessions,
+                _segment_changes(prices, sp.pcols),
+            )
             st.uploads += 1
             st.uploads_by_key[sp.key] = st.uploads_by_key.get(sp.key, 0) + 1
-            st.bytes_uploaded += sp.n * sp.rowbytes + (
-                sp.prices_host.nbytes if sp.prices_host is not None else 0
-            )
+            st.bytes_uploaded += sp.n * (sp.values.rowbytes + sp.prices.rowbytes)
         st.upload_seconds += elapsed
 
-    def _open_specs(
-        self,
-        items: Sequence[tuple[str, Path | str]],
-        prices: Sequence[npt.NDArray[np.float64] | None],
-        price_columns: Sequence[str] | None,
-    ) -> list[_FileSpec]:
-        """Open and validate the files in parallel (header, trailer, ts order, ts copy)."""
+    def _open_specs(self, items: Sequence[tuple[str, Path | str]]) -> list[_FileSpec]:
+        """Open and validate the files in parallel (header, trailer, checksums, ts order, sessions)."""
         with ThreadPoolExecutor(max_workers=max(1, min(self._io_threads, len(items)))) as ex:
-            futs = [
-                ex.submit(self._open_spec, k, Path(p), price_columns, px)
-                for (k, p), px in zip(items, prices, strict=True)
-            ]
+            futs = [ex.submit(self._open_spec, k, Path(p)) for k, p in items]
             errors = [f.exception() for f in futs]
         first = next((e for e in errors if e is not None), None)
         if first is not None:
@@ -497,57 +589,46 @@ class DeviceStore:
             raise first
         return [f.result() for f in futs]
 
-    def _open_spec(
-        self,
-        key: str,
-        path: Path,
-        price_columns: Sequence[str] | None,
-        prices: npt.NDArray[np.float64] | None,
-    ) -> _FileSpec:
-        fc = open_fxcache(path, verify_finite=False)  # the finite scan runs on the device instead
+    def _open_spec(self, key: str, path: Path) -> _FileSpec:
+        # every byte is checked against the file's checksums (xxhash releases the GIL, so the
+        # files of one call hash in parallel); the finite scan runs on the device instead
+        fc = open_fxcache(path, verify_finite=False, verify_checksums=True)
         try:
             h = fc.header
-            n, w = int(h.n_bars), int(h.row_width)
+            n = int(h.n_bars)
             if n == 0:
                 raise FxDataError(f"{key} ({path}): empty quarter")
-            cols = tuple(fc.column_names)
-            pcols = tuple(price_columns) if price_columns is not None else tuple(fc.group_names("price"))
+            pcols = tuple(fc.group_names("price"))
             if CLOSE_COLUMN not in pcols:
                 raise FxDataError(f"{key} ({path}): no {CLOSE_COLUMN!r} price column (price columns {pcols})")
-            if prices is None:
-                if fc.dtype == "bf16":
-                    raise FxDataError(
-                        f"{key} ({path}): bf16 values cannot carry prices exactly; pass prices= for {pcols}"
-                    )
-                missing = [c for c in pcols if c not in cols]
-                if missing:
-                    raise FxDataError(f"{key} ({path}): price columns {missing} not in columns")
-                price_idx = [cols.index(c) for c in pcols]
-                prices_host = None
-            else:
-                prices_host = np.ascontiguousarray(prices, dtype=np.float64)
-                if prices_host.shape != (n, len(pcols)):
-                    raise FxDataError(
-                        f"{key} ({path}): prices shape {prices_host.shape}, want {(n, len(pcols))}"
-                    )
-                price_idx = []
             ts = np.array(fc.ts, dtype=np.int64)  # open_fxcache checked the order
-            dest = torch.empty((n, w), dtype=self._value_dtype, device=self._device)
+            dev = self._device
+            vw, pw = int(h.row_width), int(h.price_width)
             return _FileSpec(
                 key=key,
                 path=path,
                 fc=fc,
-                offset=int(h.values_offset),
                 n=n,
-                w=w,
-                src=fc.dtype,
-                rowbytes=w * int(h.itemsize),
                 ts=ts,
-                cols=cols,
+                sessions=calendar.session_day(ts).astype(np.int32),  # once per quarter, here
+                cols=tuple(fc.value_column_names),
                 pcols=pcols,
-                price_idx=price_idx,
-                prices_host=prices_host,
-                dest=dest,
+                values=_Region(
+                    int(h.values_offset),
+                    n,
+                    vw,
+                    fc.dtype,
+                    vw * int(h.itemsize),
+                    torch.empty((n, vw), dtype=self._value_dtype, device=dev),
+                ),
+                prices=_Region(
+                    int(h.price_offset),
+                    n,
+                    pw,
+                    "f64",
+                    pw * 8,
+                    torch.empty((n, pw), dtype=torch.float64, device=dev),
+                ),
             )
         except BaseException:
             fc.close()
@@ -565,14 +646,15 @@ class DeviceStore:
         return self._pool[:n_buf]
 
     def _stream_specs(self, specs: list[_FileSpec]) -> None:
-        """Read every value block chunk by chunk (threads) and copy it to its device destination."""
+        """Read every block chunk by chunk (threads) and copy it to its device destination."""
         cuda = self._device.type == "cuda"
-        max_row = max(sp.rowbytes for sp in specs)
+        regions = [(sp, r) for sp in specs for r in (sp.prices, sp.values)]
+        max_row = max(r.rowbytes for _, r in regions)
         chunk_bytes = max(self._staging_bytes // max_row, 1) * max_row
-        chunks: list[tuple[_FileSpec, int, int]] = []
-        for sp in specs:
-            rows = max(1, chunk_bytes // sp.rowbytes)
-            chunks += [(sp, i, min(i + rows, sp.n)) for i in range(0, sp.n, rows)]
+        chunks: list[tuple[_FileSpec, _Region, int, int]] = []
+        for sp, r in regions:
+            rows = max(1, chunk_bytes // r.rowbytes)
+            chunks += [(sp, r, i, min(i + rows, r.n)) for i in range(0, r.n, rows)]
         n_threads = min(self._io_threads, len(chunks))
         n_buf = min(n_threads + 2, len(chunks))  # every thread busy, two buffers in the copy queue
         bufs = self._staging_pool(n_buf, chunk_bytes)
@@ -584,7 +666,7 @@ class DeviceStore:
             self._copy_stream = torch.cuda.Stream(device=self._device)
         stream = self._copy_stream
         # a device scratch for blocks stored in another dtype than the store's (widened there)
-        need_scratch = any(not _direct(sp.src, self._value_dtype) for sp in specs)
+        need_scratch = any(not r.direct for _, r in regions)
         scratch = torch.empty(chunk_bytes, dtype=torch.uint8, device=self._device) if need_scratch else None
 
         def fd_of(path: Path) -> int:
@@ -594,17 +676,17 @@ class DeviceStore:
                 return fds[path]
 
         def read(ci: int, b: int) -> int:
-            sp, i, j = chunks[ci]
+            sp, r, i, j = chunks[ci]
             ev = done[b]
             if ev is not None:
                 ev.synchronize()  # the device has finished reading this buffer
-            nbytes = (j - i) * sp.rowbytes
+            nbytes = (j - i) * r.rowbytes
             mv = host_views[b].data[:nbytes]
-            fd, off, got = fd_of(sp.path), sp.offset + i * sp.rowbytes, 0
+            fd, off, got = fd_of(sp.path), r.offset + i * r.rowbytes, 0
             while got < nbytes:
                 k = os.preadv(fd, [mv[got:]], off + got)
                 if k <= 0:
-                    raise FxDataError(f"{sp.key} ({sp.path}): value block truncated at byte {off + got}")
+                    raise FxDataError(f"{sp.key} ({sp.path}): block truncated at byte {off + got}")
                 got += k
             return nbytes
 
@@ -612,7 +694,7 @@ class DeviceStore:
         try:
             with ThreadPoolExecutor(max_workers=n_threads) as ex:
                 futs = {ci: ex.submit(read, ci, ci % n_buf) for ci in range(n_buf)}
-                for ci, (sp, i, j) in enumerate(chunks):
+                for ci, (_sp, r, i, j) in enumerate(chunks):
                     b = ci % n_buf
                     nbytes = futs.pop(ci).result()
                     src = bufs[b][:nbytes]
@@ -620,8 +702,8 @@ class DeviceStore:
                         ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
                         if ev0 is not None:
                             ev0.record(stream)
-                        if _direct(sp.src, self._value_dtype):
-                            sp.dest.view(-1).view(torch.uint8)[i * sp.rowbytes : j * sp.rowbytes].copy_(
+                        if r.direct:
+                            r.dest.view(-1).view(torch.uint8)[i * r.rowbytes : j * r.rowbytes].copy_(
                                 src, non_blocking=cuda
                             )
                             ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
@@ -634,7 +716,7 @@ class DeviceStore:
                             ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
                             if ev1 is not None:
                                 ev1.record(stream)
-                            sp.dest[i:j].copy_(_decode_wire(sc, sp.src, j - i, sp.w))
+                            r.dest[i:j].copy_(_decode_wire(sc, r.src, j - i, r.w))
                         if ev1 is not None:
                             timings.append((ev0, ev1, nbytes))
                     done[b] = ev1
@@ -654,34 +736,31 @@ class DeviceStore:
             st.h2d_bytes += nbytes
 
     def _finish_specs(self, specs: list[_FileSpec]) -> None:
-        """Prices on the device, then the value/price checks with one host sync for all files."""
+        """The value and price checks on the device, with one host sync for all files."""
         flags = []
+        grids = []
         for sp in specs:
-            if sp.prices_host is None and sp.src == "f32" and self._value_dtype == torch.float32:
-                # the resident f32 values widen exactly to float64: take the prices on the device
-                idx = torch.tensor(sp.price_idx, dtype=torch.long, device=self._device)
-                sp.prices_dev = sp.dest.index_select(1, idx).to(torch.float64)
-            else:
-                if sp.prices_host is None:  # the store narrows the values: prices from the file
-                    sp.prices_host = np.ascontiguousarray(sp.fc.values[:, sp.price_idx], dtype=np.float64)
-                sp.prices_dev = torch.from_numpy(sp.prices_host).to(self._device)
-            p = sp.prices_dev
-            flags.append(((~torch.isfinite(p)) | (p <= 0.0)).any())
-            flags.append((~torch.isfinite(sp.dest.sum(dim=0))).any())  # NaN/Inf anywhere
-        bad = torch.stack(flags).cpu().numpy()  # the one host sync
-        for k, sp in enumerate(specs):
-            if bad[2 * k]:
-                px = sp.prices_dev
-                assert px is not None
-                r, c = torch.nonzero((~torch.isfinite(px)) | (px <= 0))[0].tolist()
-                raise FxDataError(
-                    f"{sp.key} ({sp.path}): price column {sp.pcols[c]!r} not finite/positive at bar {r}"
-                )
-            if bad[2 * k + 1]:
-                hit = torch.nonzero(~torch.isfinite(sp.dest[:, : len(sp.cols)]))
+            bad_px, grid = _price_flags(sp.prices.dest, sp.pcols, self._tick)
+            grids.append(grid)
+            flags.append(bad_px.long().view(1))
+            flags.append(
+                (~torch.isfinite(sp.values.dest.sum(dim=0))).any().long().view(1)
+            )  # NaN/Inf anywhere
+            for _, off, g in grid:
+                flags.append(torch.stack([off.long(), g.long()]))
+        got = torch.cat(flags).cpu().tolist()  # the one host sync
+        k = 0
+        for sp, grid in zip(specs, grids, strict=True):
+            bad_px, bad_v = got[k], got[k + 1]
+            cells = [(j, got[k + 2 + 2 * m], got[k + 3 + 2 * m]) for m, (j, _, _) in enumerate(grid)]
+            k += 2 + 2 * len(grid)
+            where = f"{sp.key} ({sp.path})"
+            _raise_price_faults(where, sp.prices.dest, sp.pcols, self._tick, bool(bad_px), cells)
+            if bad_v:
+                hit = torch.nonzero(~torch.isfinite(sp.values.dest[:, : len(sp.cols)]))
                 if hit.numel():  # (a finite block whose f32 column sum overflowed is fine)
                     r, c = hit[0].tolist()
-                    raise FxDataError(f"{sp.key} ({sp.path}): column {sp.cols[c]!r} is NaN/Inf at bar {r}")
+                    raise FxDataError(f"{where}: column {sp.cols[c]!r} is NaN/Inf at bar {r}")
 
     def drop_quarter(self, key: str) -> None:
         """Free a quarter (and any cached view that contains it)."""
@@ -715,10 +794,12 @@ class DeviceStore:
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         if len(qs) == 1:
             values, prices = qs[0].values, qs[0].prices  # zero copy
+            seg = qs[0].segment_changes
         else:
             values = torch.cat([q.values for q in qs], dim=0)  # device→device, once per key set
             prices = torch.cat([q.prices for q in qs], dim=0)
             self._stats.device_copy_bytes += values.numel() * values.element_size() + prices.numel() * 8
+            seg = self._concat_segment_changes(qs)
         view = DeviceSlice(
             keys=kt,
             values=values,
@@ -727,9 +808,30 @@ class DeviceStore:
             columns=qs[0].columns,
             price_columns=qs[0].price_columns,
             offsets=offsets,
+            sessions=np.concatenate([q.sessions for q in qs]),
+            segment_changes=seg,
         )
         self._stats.concat_builds += 1
         self._views[kt] = view
         while len(self._views) > self._max_views:
             self._views.popitem(last=False)
         return view
+
+    @staticmethod
+    def _concat_segment_changes(qs: Sequence[_Quarter]) -> torch.Tensor | None:
+        """The quarters' change counts continued across their boundaries (device ops, no sync)."""
+        if any(q.segment_changes is None for q in qs):
+            return None
+        j = qs[0].price_columns.index(SEGMENT_COLUMN)
+        parts, base = [], None
+        for prev, q in zip([None, *qs[:-1]], qs, strict=True):
+            c = q.segment_changes
+            assert c is not None
+            if prev is not None:
+                pc = prev.segment_changes
+                assert pc is not None
+                step = (q.prices[0, j] != prev.prices[-1, j]).to(torch.int32)
+                base = (pc[-1] + step) if base is None else base + pc[-1] + step
+                c = c + base
+            parts.append(c)
+        return torch.cat(parts)

@@ -5,22 +5,33 @@ its validating, zero-copy reader.
 
 Layout (little-endian, every block aligned to 64 bytes)::
 
-    header (192 bytes) | ts_close int64[n] | values [n, row_width] row-major | JSON trailer
+    header (256 bytes) | ts_close int64[n] | prices f64 [n, price_width] | values [n, row_width] | JSON trailer
 
-The value block is ONE row-major array so a trainer can hand it to the GPU in a single copy;
-columns are grouped feature | price | ofi, and each row is padded with zeros to a multiple of
-8 values (aligned rows for the device kernels). bf16 values are stored as uint16 (the top 16
-bits of the float32, rounded to nearest even), so no torch is needed to read or write them.
+Prices (the ``price`` group: open, high, low, close, vwap, mid at open, contract code, ...) are
+always float64, whatever the value dtype: labels are log-returns over a few bars of prices
+that move by one tick (~5e-5 of the level), and contract codes (202403, 202406) must stay
+distinct, so no value dtype may round them (bf16 keeps 8 significant bits: 130 distinct
+closes became 2 values once). The value block holds the feature and OFI columns in the chosen
+dtype (f32 | bf16 | f64) as ONE row-major array, so a trainer hands each block to the GPU in a
+single copy. Rows of both blocks are padded with zeros to a multiple of 8 values. bf16 values
+are stored as uint16 (the top 16 bits of the float32, rounded to nearest even), so no torch is
+needed to read or write them.
+
+Every body carries an XXH3-128 checksum (``fx_assets.core.checksum``) written at creation: the
+timestamp, price, value and trailer regions (each including its zero padding) and the header
+fields themselves (cache key included). ``open_fxcache`` verifies them all by default (a full
+read of the file: ~20 ms for a scale-1 quarter, see docs/fxcache.md), so an in-place change of
+any byte is an ``FxCacheError``, never a silent reuse.
 
 What is *not* in the file: labels, forward returns, targets, normalisation statistics. They
 look ahead or depend on the fold, so they are derived at training time (labels.py, folds.py).
 
 Validation on load (every failure is an ``FxCacheError`` naming the file): magic, format
 version, dtype, flags, block offsets and sizes against the file size (truncation, trailing
-bytes), the trailer's columns against the header and its schema hash, non-decreasing
-timestamps, finite values (chunked scan), and has_ofi honesty: the flag is set if and only if
-OFI columns exist and are not all zero (the predecessor's flag once claimed OFI for a file of
-zeros).
+bytes), the trailer's columns against the header and its schema hash, the checksums,
+non-decreasing timestamps, finite values (chunked scan), and has_ofi honesty: the flag is set
+if and only if OFI columns exist and are not all zero (the predecessor's flag once claimed
+OFI for a file of zeros).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -39,18 +51,22 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fx_assets.core import checksum
 from fx_assets.core.atomic import atomic_path
 from fx_assets.core.errors import FxCacheError, FxDataError
 
 MAGIC = b"FXCACHE\0"
-FORMAT_VERSION = 1
-HEADER_SIZE = 192
+FORMAT_VERSION = 2
+HEADER_SIZE = 256
 ALIGN = 64
-ROW_ALIGN = 8  # row width is padded to a multiple of this many values
+ROW_ALIGN = 8  # row widths are padded to a multiple of this many values
 KEY_BYTES = 32
+DIGEST_BYTES = 16  # XXH3-128
 FLAG_HAS_OFI = 1
 KNOWN_FLAGS = FLAG_HAS_OFI
 GROUPS: tuple[str, ...] = ("feature", "price", "ofi")
+VALUE_GROUPS: tuple[str, ...] = ("feature", "ofi")  # in the value block, in this order
+PRICE_DTYPE = "f64"  # the price block's type, whatever the value dtype
 
 DType = Literal["f32", "bf16", "f64"]
 DTYPE_CODES: dict[str, int] = {"f32": 1, "bf16": 2, "f64": 3}
@@ -61,14 +77,18 @@ STORAGE: dict[str, np.dtype[Any]] = {
     "bf16": np.dtype("<u2"),
     "f64": np.dtype("<f8"),
 }
+REGIONS: tuple[str, ...] = ("ts", "price", "values", "trailer")
 
-# magic, version, dtype code, flags, n_feature, n_price, n_ofi, row_width, n_bars,
-# cache_key, schema_hash, ts_offset, values_offset, trailer_offset, trailer_length, header_size
-_HEADER = struct.Struct("<8sHHIIIII Q 32s32s QQQQ I")
-_HEADER_USED = _HEADER.size  # 140; the rest up to HEADER_SIZE is reserved, zero
-assert _HEADER_USED <= HEADER_SIZE
+# magic, version, dtype code, flags, n_feature, n_price, n_ofi, row_width, price_width,
+# header_size, n_bars, cache_key, schema_hash, ts_offset, price_offset, values_offset,
+# trailer_offset, trailer_length, then the checksums of the ts, price, values, trailer regions
+_HEADER = struct.Struct("<8sHHI IIIII I Q 32s32s QQQQQ 16s16s16s16s")
+_HEADER_USED = _HEADER.size  # 216; then reserved zeros up to the header checksum
+_HEADER_SUM_AT = HEADER_SIZE - DIGEST_BYTES  # 240: XXH3-128 of bytes [0, 240)
+assert _HEADER_USED <= _HEADER_SUM_AT
 
 DEFAULT_CHUNK_ROWS = 1 << 16
+_HASH_READ_BYTES = 16 << 20
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -124,6 +144,10 @@ def padded_width(n_columns: int) -> int:
     return max(ROW_ALIGN, (n_columns + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN)
 
 
+def _tagged(digest: bytes) -> str:
+    return f"{checksum.ALGORITHM}:{digest.hex()}"
+
+
 @dataclass(frozen=True)
 class FxCacheHeader:
     format_version: int
@@ -132,15 +156,21 @@ class FxCacheHeader:
     n_feature: int
     n_price: int
     n_ofi: int
-    row_width: int
+    row_width: int  # values per row of the value block (features + OFI, padded)
+    price_width: int  # values per row of the f64 price block (padded)
+    header_size: int
     n_bars: int
     cache_key: bytes
     schema_hash: bytes
     ts_offset: int
+    price_offset: int
     values_offset: int
     trailer_offset: int
     trailer_length: int
-    header_size: int
+    ts_checksum: bytes
+    price_checksum: bytes
+    values_checksum: bytes
+    trailer_checksum: bytes
 
     @property
     def has_ofi(self) -> bool:
@@ -151,17 +181,47 @@ class FxCacheHeader:
         return self.n_feature + self.n_price + self.n_ofi
 
     @property
+    def n_values(self) -> int:
+        """Real (not padding) columns of the value block."""
+        return self.n_feature + self.n_ofi
+
+    @property
     def itemsize(self) -> int:
         return STORAGE[self.dtype].itemsize
+
+    @property
+    def file_size(self) -> int:
+        return self.trailer_offset + self.trailer_length
+
+    def regions(self) -> dict[str, tuple[int, int]]:
+        """Checksummed byte ranges ``[start, end)`` of the file, padding included."""
+        return {
+            "ts": (self.ts_offset, self.price_offset),
+            "price": (self.price_offset, self.values_offset),
+            "values": (self.values_offset, self.trailer_offset),
+            "trailer": (self.trailer_offset, self.file_size),
+        }
+
+    def checksums(self) -> dict[str, bytes]:
+        return {
+            "ts": self.ts_checksum,
+            "price": self.price_checksum,
+            "values": self.values_checksum,
+            "trailer": self.trailer_checksum,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["cache_key"] = self.cache_key.hex()
         d["schema_hash"] = self.schema_hash.hex()
+        for name, digest in self.checksums().items():
+            d[f"{name}_checksum"] = _tagged(digest)
         d["has_ofi"] = self.has_ofi
+        d["price_dtype"] = PRICE_DTYPE
         return d
 
     def pack(self) -> bytes:
+        """The 256 header bytes, its own checksum (over bytes 0..239) last."""
         raw = _HEADER.pack(
             MAGIC,
             self.format_version,
@@ -171,44 +231,66 @@ class FxCacheHeader:
             self.n_price,
             self.n_ofi,
             self.row_width,
+            self.price_width,
+            self.header_size,
             self.n_bars,
             self.cache_key,
             self.schema_hash,
             self.ts_offset,
+            self.price_offset,
             self.values_offset,
             self.trailer_offset,
             self.trailer_length,
-            self.header_size,
+            self.ts_checksum,
+            self.price_checksum,
+            self.values_checksum,
+            self.trailer_checksum,
         )
-        return raw + bytes(HEADER_SIZE - len(raw))
+        raw += bytes(_HEADER_SUM_AT - len(raw))
+        return raw + _digest(raw)
+
+
+def _digest(data: bytes | memoryview) -> bytes:
+    h = checksum.new_hasher()
+    h.update(data)
+    return h.digest()
 
 
 @dataclass(frozen=True)
 class FxColumn:
     name: str
     group: str  # feature | price | ofi
-    index: int  # position in the row
+    index: int  # position in its block's row (value block: features then OFI; price block)
+
+    @property
+    def block(self) -> str:
+        return "price" if self.group == "price" else "values"
 
 
-def schema_hash(columns: Sequence[FxColumn], dtype: str, row_width: int) -> bytes:
-    """SHA-256 of the ordered column names and groups, the value dtype and the widths."""
+def schema_hash(columns: Sequence[FxColumn], dtype: str, row_width: int, price_width: int) -> bytes:
+    """SHA-256 of the ordered column names and groups, the dtypes and the widths."""
     counts = {g: sum(1 for c in columns if c.group == g) for g in GROUPS}
     doc = {
-        "columns": [[c.name, c.group] for c in sorted(columns, key=lambda c: c.index)],
+        "columns": [[c.name, c.group] for c in columns],
         "dtype": dtype,
+        "price_dtype": PRICE_DTYPE,
         "n_feature": counts["feature"],
         "n_price": counts["price"],
         "n_ofi": counts["ofi"],
         "row_width": row_width,
+        "price_width": price_width,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-def _layout(n_bars: int, row_width: int, itemsize: int, trailer_length: int) -> tuple[int, int, int, int]:
+def _layout(
+    n_bars: int, price_width: int, row_width: int, itemsize: int, trailer_length: int
+) -> tuple[int, int, int, int, int]:
     ts_offset = HEADER_SIZE
-    values_offset = _align(ts_offset + 8 * n_bars)
+    price_offset = _align(ts_offset + 8 * n_bars)
+    values_offset = _align(price_offset + n_bars * price_width * 8)
     trailer_offset = _align(values_offset + n_bars * row_width * itemsize)
-    return ts_offset, values_offset, trailer_offset, trailer_offset + trailer_length
+    return ts_offset, price_offset, values_offset, trailer_offset, trailer_offset + trailer_length
 
 
 # --- writer ---------------------------------------------------------------------------------
@@ -227,10 +309,30 @@ def _json_default(obj: Any) -> Any:
 
 
 def _encode_chunk(block: F64, dtype: str, row_width: int) -> npt.NDArray[Any]:
-    """Rows of the value block in storage form, padding columns zero."""
+    """Rows of a block in storage form, padding columns zero."""
     out = np.zeros((block.shape[0], row_width), dtype=STORAGE[dtype])
     out[:, : block.shape[1]] = _encode(block, dtype)
     return out
+
+
+class _HashingWriter:
+    """Writes regions to a file and keeps the XXH3-128 of each region's bytes."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.digests: dict[str, bytes] = {}
+        self._h: Any = None
+
+    def begin(self) -> None:
+        self._h = checksum.new_hasher()
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.fh.write(data)
+        self._h.update(data)
+
+    def end(self, name: str) -> None:
+        self.digests[name] = self._h.digest()
+        self._h = None
 
 
 def write_fxcache(
@@ -246,11 +348,12 @@ def write_fxcache(
     """Write an fxcache file atomically and return its path.
 
     ``ts``: int64 bar close times (ns, non-decreasing). ``columns``: group name (``feature``,
-    ``price``, ``ofi``; any may be absent) -> (column names, float array [n, k]). Values are
-    converted and written ``chunk_rows`` rows at a time, so memory beyond the inputs is one
-    chunk. Raises ``FxDataError`` naming the file, column and bar on non-finite values (also
-    after rounding to the stored dtype) and when OFI columns are present but all zero: an
-    OFI-less file must say so, not carry zeros.
+    ``price``, ``ofi``; any may be absent) -> (column names, float array [n, k]). ``price``
+    columns are stored as float64 whatever ``dtype``; ``dtype`` is the type of the feature and
+    OFI value block. Blocks are converted, checksummed and written ``chunk_rows`` rows at a
+    time, so memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file,
+    column and bar on non-finite values (also after rounding to the stored dtype) and when OFI
+    columns are present but all zero: an OFI-less file must say so, not carry zeros.
     """
     path = Path(path)
     if dtype not in DTYPE_CODES:
@@ -269,8 +372,8 @@ def write_fxcache(
     if unknown:
         raise FxDataError(f"{path}: unknown column groups {sorted(unknown)} (expected {list(GROUPS)})")
 
-    specs: list[FxColumn] = []
-    arrays: list[npt.NDArray[Any]] = []
+    names_of: dict[str, list[str]] = {}
+    arrays: dict[str, npt.NDArray[Any]] = {}
     seen: set[str] = set()
     for group in GROUPS:
         if group not in columns:
@@ -290,67 +393,99 @@ def write_fxcache(
             if not name or name in seen:
                 raise FxDataError(f"{path}: column name {name!r} is empty or repeated")
             seen.add(name)
-            specs.append(FxColumn(name=name, group=group, index=len(specs)))
-        arrays.append(arr)
-
-    if not specs:
+        if names:
+            names_of[group] = names
+            arrays[group] = arr
+    if not names_of:
         raise FxDataError(f"{path}: no columns to write")
-    counts = {g: sum(1 for c in specs if c.group == g) for g in GROUPS}
-    row_width = padded_width(len(specs))
+    nf, npx, no = (len(names_of.get(g, [])) for g in GROUPS)
+    specs = (
+        [FxColumn(c, "feature", i) for i, c in enumerate(names_of.get("feature", []))]
+        + [FxColumn(c, "price", i) for i, c in enumerate(names_of.get("price", []))]
+        + [FxColumn(c, "ofi", nf + i) for i, c in enumerate(names_of.get("ofi", []))]
+    )
+    row_width, price_width = padded_width(nf + no), padded_width(npx)
     has_ofi = False
-    if counts["ofi"]:
-        ofi = arrays[[g for g in GROUPS if g in columns].index("ofi")]
-        has_ofi = bool(np.any(ofi != 0))
+    if no:
+        has_ofi = bool(np.any(arrays["ofi"] != 0))
         if not has_ofi:
             raise FxDataError(
-                f"{path}: OFI columns {[c.name for c in specs if c.group == 'ofi']} are all zero; "
+                f"{path}: OFI columns {names_of['ofi']} are all zero; "
                 "refusing to write them as present (missing book data must be an error, not zeros)"
             )
 
     trailer = {
         "format_version": FORMAT_VERSION,
         "dtype": dtype,
+        "price_dtype": PRICE_DTYPE,
         "row_width": row_width,
+        "price_width": price_width,
         "columns": [{"name": c.name, "group": c.group, "index": c.index} for c in specs],
         "meta": dict(meta or {}),
     }
     trailer_bytes = json.dumps(trailer, sort_keys=True, default=_json_default, allow_nan=False).encode()
     itemsize = STORAGE[dtype].itemsize
-    ts_off, val_off, tr_off, total = _layout(n, row_width, itemsize, len(trailer_bytes))
-    header = FxCacheHeader(
-        format_version=FORMAT_VERSION,
-        dtype=dtype,
-        flags=FLAG_HAS_OFI if has_ofi else 0,
-        n_feature=counts["feature"],
-        n_price=counts["price"],
-        n_ofi=counts["ofi"],
-        row_width=row_width,
-        n_bars=n,
-        cache_key=bytes(cache_key),
-        schema_hash=schema_hash(specs, dtype, row_width),
-        ts_offset=ts_off,
-        values_offset=val_off,
-        trailer_offset=tr_off,
-        trailer_length=len(trailer_bytes),
-        header_size=HEADER_SIZE,
-    )
+    ts_off, px_off, val_off, tr_off, total = _layout(n, price_width, row_width, itemsize, len(trailer_bytes))
+    value_specs = [c for c in specs if c.block == "values"]
+    price_specs = [c for c in specs if c.block == "price"]
 
     chunk_rows = max(1, int(chunk_rows))
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        fh.write(header.pack())
-        fh.write(ts_arr.astype("<i8", copy=False).tobytes())
-        fh.write(bytes(val_off - (ts_off + 8 * n)))
+        fh.write(bytes(HEADER_SIZE))  # the real header (with the checksums) goes in last
+        w = _HashingWriter(fh)
+        w.begin()
+        w.write(ts_arr.astype("<i8", copy=False).tobytes())
+        w.write(bytes(px_off - (ts_off + 8 * n)))
+        w.end("ts")
+        w.begin()
         for lo in range(0, n, chunk_rows):
             hi = min(n, lo + chunk_rows)
-            block = np.concatenate([np.asarray(a[lo:hi], dtype=np.float64) for a in arrays], axis=1)
+            block = np.asarray(arrays["price"][lo:hi], dtype=np.float64) if npx else np.zeros((hi - lo, 0))
+            _check_finite_block(block, price_specs, lo, path, FxDataError)
+            w.write(_encode_chunk(block, PRICE_DTYPE, price_width).data.cast("B"))
+        w.write(bytes(val_off - (px_off + n * price_width * 8)))
+        w.end("price")
+        w.begin()
+        for lo in range(0, n, chunk_rows):
+            hi = min(n, lo + chunk_rows)
+            parts = [np.asarray(arrays[g][lo:hi], dtype=np.float64) for g in VALUE_GROUPS if g in arrays]
+            block = np.concatenate(parts, axis=1) if parts else np.zeros((hi - lo, 0))
             stored = _encode_chunk(block, dtype, row_width)
-            _check_finite_block(_decode(stored[:, : len(specs)], dtype), specs, lo, path, FxDataError)
-            fh.write(stored.tobytes())
-        fh.write(bytes(tr_off - (val_off + n * row_width * itemsize)))
-        fh.write(trailer_bytes)
+            _check_finite_block(_decode(stored[:, : nf + no], dtype), value_specs, lo, path, FxDataError)
+            w.write(stored.data.cast("B"))
+        w.write(bytes(tr_off - (val_off + n * row_width * itemsize)))
+        w.end("values")
+        w.begin()
+        w.write(trailer_bytes)
+        w.end("trailer")
+        header = FxCacheHeader(
+            format_version=FORMAT_VERSION,
+            dtype=dtype,
+            flags=FLAG_HAS_OFI if has_ofi else 0,
+            n_feature=nf,
+            n_price=npx,
+            n_ofi=no,
+            row_width=row_width,
+            price_width=price_width,
+            header_size=HEADER_SIZE,
+            n_bars=n,
+            cache_key=bytes(cache_key),
+            schema_hash=schema_hash(specs, dtype, row_width, price_width),
+            ts_offset=ts_off,
+            price_offset=px_off,
+            values_offset=val_off,
+            trailer_offset=tr_off,
+            trailer_length=len(trailer_bytes),
+            ts_checksum=w.digests["ts"],
+            price_checksum=w.digests["price"],
+            values_checksum=w.digests["values"],
+            trailer_checksum=w.digests["trailer"],
+        )
         fh.flush()
         if fh.tell() != total:  # pragma: no cover - guards the layout arithmetic
             raise FxDataError(f"{path}: wrote {fh.tell()} bytes, layout says {total}")
+        fh.seek(0)
+        fh.write(header.pack())
     return path
 
 
@@ -368,7 +503,7 @@ def _check_finite_block(
 
 
 class FxCache:
-    """A validated, memory-mapped fxcache file (zero copy: ``ts`` and ``values`` are views)."""
+    """A validated, memory-mapped fxcache file (zero copy: ``ts``, ``prices``, ``values`` are views)."""
 
     def __init__(
         self,
@@ -385,6 +520,11 @@ class FxCache:
         self._raw = raw
         h = header
         self.ts: I64 = raw[h.ts_offset : h.ts_offset + 8 * h.n_bars].view("<i8")
+        self.prices: F64 = (
+            raw[h.price_offset : h.price_offset + h.n_bars * h.price_width * 8]
+            .view("<f8")
+            .reshape(h.n_bars, h.price_width)
+        )
         nbytes = h.n_bars * h.row_width * h.itemsize
         self.values: npt.NDArray[Any] = (
             raw[h.values_offset : h.values_offset + nbytes]
@@ -400,7 +540,13 @@ class FxCache:
 
     @property
     def dtype(self) -> str:
+        """The value block's dtype (features and OFI)."""
         return self.header.dtype
+
+    @property
+    def price_group_dtype(self) -> str:
+        """The price block's dtype: always f64."""
+        return PRICE_DTYPE
 
     @property
     def has_ofi(self) -> bool:
@@ -412,14 +558,21 @@ class FxCache:
 
     @property
     def column_names(self) -> list[str]:
+        """Every column: features, prices, OFI."""
         return [c.name for c in self.columns]
 
+    @property
+    def value_column_names(self) -> list[str]:
+        """The value block's real columns in row order (features, then OFI)."""
+        return [c.name for c in sorted(self.columns, key=lambda c: c.index) if c.block == "values"]
+
     def group(self, name: str) -> slice:
-        """Columns of a group as a slice of the row (empty slice when the group is absent)."""
+        """Columns of a group as a slice of its block's row (``prices`` for ``price``, else
+        ``values``); an empty slice when the group is absent."""
         if name not in GROUPS:
             raise KeyError(f"{self.path}: unknown column group {name!r} (expected one of {list(GROUPS)})")
         h = self.header
-        start = {"feature": 0, "price": h.n_feature, "ofi": h.n_feature + h.n_price}[name]
+        start = {"feature": 0, "price": 0, "ofi": h.n_feature}[name]
         width = {"feature": h.n_feature, "price": h.n_price, "ofi": h.n_ofi}[name]
         return slice(start, start + width)
 
@@ -433,15 +586,24 @@ class FxCache:
             col = self._index[name]
         except KeyError:
             raise KeyError(f"{self.path}: no column {name!r}; columns are {self.column_names}") from None
+        if col.block == "price":
+            return np.array(self.prices[:, col.index], dtype=np.float64)
         return _decode(self.values[:, col.index], self.dtype)
 
-    def decoded(self, rows: slice = slice(None), cols: slice | None = None) -> F64:
-        """A block of values decoded to float64 (a copy); default all rows, all real columns."""
-        cols = slice(0, self.header.n_columns) if cols is None else cols
-        return _decode(self.values[rows, cols], self.dtype)
+    def decoded(self, rows: slice = slice(None)) -> F64:
+        """Every real column of ``rows`` decoded to float64, in :attr:`column_names` order (a copy)."""
+        h = self.header
+        return np.concatenate(
+            [
+                _decode(self.values[rows, : h.n_feature], self.dtype),
+                np.asarray(self.prices[rows, : h.n_price], dtype=np.float64),
+                _decode(self.values[rows, h.n_feature : h.n_values], self.dtype),
+            ],
+            axis=1,
+        )
 
     def iter_chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[int, F64]]:
-        """(first row, float64 block of the real columns) chunk by chunk."""
+        """(first row, float64 block of every real column) chunk by chunk."""
         for lo in range(0, self.n_bars, chunk_rows):
             yield lo, self.decoded(slice(lo, min(self.n_bars, lo + chunk_rows)))
 
@@ -474,6 +636,7 @@ class FxCache:
         (``mmap.close`` would fail, or invalidate arrays a caller still holds.)
         """
         self.ts = np.empty(0, dtype=np.int64)
+        self.prices = np.empty((0, self.header.price_width), dtype=np.float64)
         self.values = np.empty((0, self.header.row_width), dtype=STORAGE[self.dtype])
         self._raw = np.empty(0, dtype=np.uint8)  # type: ignore[assignment]
 
@@ -486,7 +649,7 @@ class FxCache:
     def __repr__(self) -> str:
         h = self.header
         return (
-            f"FxCache({self.path.name}: {h.n_bars} bars, {h.dtype}, feature/price/ofi="
+            f"FxCache({self.path.name}: {h.n_bars} bars, values {h.dtype}, prices f64, feature/price/ofi="
             f"{h.n_feature}/{h.n_price}/{h.n_ofi}, row_width={h.row_width}, has_ofi={h.has_ofi})"
         )
 
@@ -502,42 +665,30 @@ def read_header(path: Path | str) -> FxCacheHeader:
 def _parse_header(raw: bytes, path: Path) -> FxCacheHeader:
     if len(raw) < 8 or raw[:8] != MAGIC:
         raise FxCacheError(f"{path}: bad magic {raw[:8]!r} (expected {MAGIC!r}); not an fxcache file")
+    if len(raw) >= 10:
+        (version,) = struct.unpack_from("<H", raw, 8)
+        if version != FORMAT_VERSION:
+            raise FxCacheError(
+                f"{path}: unsupported fxcache format version {version} (this code reads {FORMAT_VERSION}); "
+                "rebuild it"
+            )
     if len(raw) < HEADER_SIZE:
         raise FxCacheError(f"{path}: truncated file: {len(raw)} bytes, the header alone is {HEADER_SIZE}")
-    (
-        _magic,
-        version,
-        dtype_code,
-        flags,
-        n_feature,
-        n_price,
-        n_ofi,
-        row_width,
-        n_bars,
-        key,
-        shash,
-        ts_off,
-        val_off,
-        tr_off,
-        tr_len,
-        header_size,
-    ) = _HEADER.unpack(raw[:_HEADER_USED])
-    if version != FORMAT_VERSION:
-        raise FxCacheError(
-            f"{path}: unsupported fxcache format version {version} (this code reads {FORMAT_VERSION}); rebuild it"
-        )
+    f = _HEADER.unpack(raw[:_HEADER_USED])
+    version, dtype_code, flags = f[1], f[2], f[3]
+    n_feature, n_price, n_ofi, row_width, price_width, header_size = f[4:10]
     if dtype_code not in CODE_DTYPES:
         raise FxCacheError(f"{path}: unknown value dtype code {dtype_code}")
     if flags & ~KNOWN_FLAGS:
         raise FxCacheError(f"{path}: unknown flag bits {flags & ~KNOWN_FLAGS:#x}")
-    if header_size != HEADER_SIZE or any(raw[_HEADER_USED:HEADER_SIZE]):
+    if header_size != HEADER_SIZE or any(raw[_HEADER_USED:_HEADER_SUM_AT]):
         raise FxCacheError(
             f"{path}: header size {header_size} / reserved bytes not as format {version} defines"
         )
-    n_cols = n_feature + n_price + n_ofi
-    if row_width != padded_width(n_cols):
+    if row_width != padded_width(n_feature + n_ofi) or price_width != padded_width(n_price):
         raise FxCacheError(
-            f"{path}: row width {row_width} is not {n_cols} columns padded to a multiple of {ROW_ALIGN}"
+            f"{path}: row widths {row_width}/{price_width} are not {n_feature + n_ofi} value / {n_price} "
+            f"price columns padded to a multiple of {ROW_ALIGN}"
         )
     return FxCacheHeader(
         format_version=version,
@@ -547,14 +698,20 @@ def _parse_header(raw: bytes, path: Path) -> FxCacheHeader:
         n_price=n_price,
         n_ofi=n_ofi,
         row_width=row_width,
-        n_bars=n_bars,
-        cache_key=key,
-        schema_hash=shash,
-        ts_offset=ts_off,
-        values_offset=val_off,
-        trailer_offset=tr_off,
-        trailer_length=tr_len,
+        price_width=price_width,
         header_size=header_size,
+        n_bars=f[10],
+        cache_key=f[11],
+        schema_hash=f[12],
+        ts_offset=f[13],
+        price_offset=f[14],
+        values_offset=f[15],
+        trailer_offset=f[16],
+        trailer_length=f[17],
+        ts_checksum=f[18],
+        price_checksum=f[19],
+        values_checksum=f[20],
+        trailer_checksum=f[21],
     )
 
 
@@ -566,23 +723,30 @@ def _parse_trailer(raw: bytes, h: FxCacheHeader, path: Path) -> tuple[tuple[FxCo
             for c in doc["columns"]
         )
         meta = dict(doc.get("meta", {}))
-        echoed = (int(doc["format_version"]), str(doc["dtype"]), int(doc["row_width"]))
+        echoed = (
+            int(doc["format_version"]),
+            str(doc["dtype"]),
+            str(doc["price_dtype"]),
+            int(doc["row_width"]),
+            int(doc["price_width"]),
+        )
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise FxCacheError(f"{path}: unreadable JSON trailer ({exc})") from exc
-    if echoed != (h.format_version, h.dtype, h.row_width):
+    expected = (h.format_version, h.dtype, PRICE_DTYPE, h.row_width, h.price_width)
+    if echoed != expected:
         raise FxCacheError(
-            f"{path}: trailer says format/dtype/row width {echoed}, the header "
-            f"{(h.format_version, h.dtype, h.row_width)}"
+            f"{path}: trailer says format/dtype/price dtype/row widths {echoed}, the header {expected}"
         )
     expected_groups = ["feature"] * h.n_feature + ["price"] * h.n_price + ["ofi"] * h.n_ofi
-    if [c.group for c in cols] != expected_groups or [c.index for c in cols] != list(range(len(cols))):
+    expected_index = [*range(h.n_feature), *range(h.n_price), *range(h.n_feature, h.n_values)]
+    if [c.group for c in cols] != expected_groups or [c.index for c in cols] != expected_index:
         raise FxCacheError(
             f"{path}: trailer columns (groups {[c.group for c in cols]}) do not match the header's "
             f"feature/price/ofi widths {h.n_feature}/{h.n_price}/{h.n_ofi}"
         )
     if len({c.name for c in cols}) != len(cols):
         raise FxCacheError(f"{path}: trailer repeats a column name")
-    if schema_hash(cols, h.dtype, h.row_width) != h.schema_hash:
+    if schema_hash(cols, h.dtype, h.row_width, h.price_width) != h.schema_hash:
         raise FxCacheError(
             f"{path}: schema hash mismatch: the trailer's columns/dtype/widths do not hash to the header's "
             f"{h.schema_hash.hex()[:16]}..."
@@ -590,10 +754,56 @@ def _parse_trailer(raw: bytes, h: FxCacheHeader, path: Path) -> tuple[tuple[FxCo
     return cols, meta
 
 
+def _verify_bodies(path: Path | str, header: FxCacheHeader | None = None, head: bytes | None = None) -> None:
+    """Re-hash the header fields and every region of the file; ``FxCacheError`` naming the file
+    and the first region whose XXH3-128 differs from the one written at creation."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise FxCacheError(f"{path}: cannot read fxcache file ({exc})") from exc
+    try:
+        if head is None:
+            head = os.pread(fd, HEADER_SIZE, 0)
+        h = header if header is not None else _parse_header(head, path)
+        if _digest(head[:_HEADER_SUM_AT]) != head[_HEADER_SUM_AT:HEADER_SIZE]:
+            raise FxCacheError(
+                f"{path}: checksum mismatch in the header fields (cache key, widths, offsets or "
+                "checksums changed since the file was written); rebuild it"
+            )
+        buf = bytearray(_HASH_READ_BYTES)
+        view = memoryview(buf)
+        for name, (lo, hi) in h.regions().items():
+            hasher = checksum.new_hasher()
+            pos = lo
+            while pos < hi:
+                k = os.preadv(fd, [view[: min(len(buf), hi - pos)]], pos)
+                if k <= 0:
+                    raise FxCacheError(f"{path}: truncated file at byte {pos}")
+                hasher.update(view[:k])
+                pos += k
+            if hasher.digest() != h.checksums()[name]:
+                raise FxCacheError(
+                    f"{path}: checksum mismatch in the {name} block (bytes {lo}..{hi}): the file changed "
+                    f"since it was written; rebuild it"
+                )
+    finally:
+        os.close(fd)
+
+
 def open_fxcache(
-    path: Path | str, verify_finite: bool = True, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    path: Path | str,
+    verify_finite: bool = True,
+    *,
+    verify_checksums: bool = True,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> FxCache:
-    """Memory-map and validate an fxcache file; raise ``FxCacheError`` naming it on any fault."""
+    """Memory-map and validate an fxcache file; raise ``FxCacheError`` naming it on any fault.
+
+    ``verify_checksums`` (default on) re-hashes every byte of the file against the checksums
+    written at creation; ``verify_finite`` scans the decoded values (the device loader checks
+    them on the device instead).
+    """
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -602,11 +812,14 @@ def open_fxcache(
     except OSError as exc:
         raise FxCacheError(f"{path}: cannot read fxcache file ({exc})") from exc
     h = _parse_header(head, path)
-    ts_off, val_off, tr_off, total = _layout(h.n_bars, h.row_width, h.itemsize, h.trailer_length)
-    if (h.ts_offset, h.values_offset, h.trailer_offset) != (ts_off, val_off, tr_off):
+    ts_off, px_off, val_off, tr_off, total = _layout(
+        h.n_bars, h.price_width, h.row_width, h.itemsize, h.trailer_length
+    )
+    if (h.ts_offset, h.price_offset, h.values_offset, h.trailer_offset) != (ts_off, px_off, val_off, tr_off):
         raise FxCacheError(
-            f"{path}: size mismatch: block offsets {h.ts_offset}/{h.values_offset}/{h.trailer_offset} "
-            f"do not follow from {h.n_bars} bars x {h.row_width} values (expected {ts_off}/{val_off}/{tr_off})"
+            f"{path}: size mismatch: block offsets {h.ts_offset}/{h.price_offset}/{h.values_offset}/"
+            f"{h.trailer_offset} do not follow from {h.n_bars} bars x {h.price_width} + {h.row_width} values "
+            f"(expected {ts_off}/{px_off}/{val_off}/{tr_off})"
         )
     if size < total:
         raise FxCacheError(f"{path}: truncated file: {size} bytes, the header describes {total}")
@@ -615,6 +828,8 @@ def open_fxcache(
 
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     cols, meta = _parse_trailer(bytes(raw[tr_off:total]), h, path)
+    if verify_checksums:
+        _verify_bodies(path, h, head)
     fc = FxCache(path, h, cols, meta, raw)
     try:
         _validate_values(fc, verify_finite, chunk_rows)
@@ -622,6 +837,12 @@ def open_fxcache(
         fc.close()
         raise
     return fc
+
+
+def verify_fxcache(path: Path | str) -> None:
+    """Full validation of an fxcache file (structure, checksums, order, finite values, has_ofi);
+    ``FxCacheError`` naming the file on any fault. What asset checks and reuse call."""
+    open_fxcache(path, verify_finite=True, verify_checksums=True).close()
 
 
 def _validate_values(fc: FxCache, verify_finite: bool, chunk_rows: int) -> None:
@@ -651,12 +872,19 @@ def _validate_values(fc: FxCache, verify_finite: bool, chunk_rows: int) -> None:
 
 
 def describe_fxcache(path: Path | str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[str, Any]:
-    """Header, metadata and per-column min / mean / max / NaN count (for ``fx-assets inspect``).
+    """Header, metadata, per-column min / mean / max / NaN count, and whether the file is valid
+    (for ``fx-assets inspect``).
 
-    Structural validation applies; the finite scan does not, so a file with NaN can still be
-    inspected (``finite`` says whether it would load).
+    Structural validation applies (a file whose layout cannot be read raises); checksums and
+    the finite scan do not stop the description: ``valid`` says whether :func:`verify_fxcache`
+    passes (``error`` says why not), ``finite`` whether every value is finite.
     """
-    with open_fxcache(path, verify_finite=False, chunk_rows=chunk_rows) as fc:
+    try:
+        verify_fxcache(path)
+        valid, error = True, None
+    except FxCacheError as exc:
+        valid, error = False, str(exc)
+    with open_fxcache(path, verify_finite=False, verify_checksums=False, chunk_rows=chunk_rows) as fc:
         k = fc.header.n_columns
         mins = np.full(k, np.inf)
         maxs = np.full(k, -np.inf)
@@ -674,14 +902,14 @@ def describe_fxcache(path: Path | str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) 
             mins = np.minimum(mins, np.where(fin, block, np.inf).min(axis=0, initial=np.inf))
             maxs = np.maximum(maxs, np.where(fin, block, -np.inf).max(axis=0, initial=-np.inf))
         columns = []
-        for c in fc.columns:
-            i = c.index
+        for i, c in enumerate(fc.columns):
             has = counts[i] > 0
             columns.append(
                 {
                     "name": c.name,
                     "group": c.group,
-                    "index": i,
+                    "block": c.block,
+                    "index": c.index,
                     "min": float(mins[i]) if has else math.nan,
                     "mean": float(sums[i] / counts[i]) if has else math.nan,
                     "max": float(maxs[i]) if has else math.nan,
@@ -693,6 +921,8 @@ def describe_fxcache(path: Path | str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) 
         return {
             "path": str(fc.path),
             "file_bytes": int(fc.path.stat().st_size),
+            "valid": valid,
+            "error": error,
             "header": fc.header.as_dict(),
             "meta": fc.meta,
             "ts_first": int(ts[0]) if fc.n_bars else None,
@@ -706,6 +936,7 @@ __all__ = [
     "FORMAT_VERSION",
     "GROUPS",
     "MAGIC",
+    "PRICE_DTYPE",
     "FxCache",
     "FxCacheHeader",
     "FxColumn",
@@ -716,5 +947,6 @@ __all__ = [
     "padded_width",
     "read_header",
     "schema_hash",
+    "verify_fxcache",
     "write_fxcache",
 ]

@@ -19,7 +19,7 @@ from pydantic import Field, PrivateAttr
 from fx_assets.assets.common import StageIO
 from fx_assets.core.device_store import DeviceSlice, DeviceStore
 from fx_assets.core.folds import FoldConfig
-from fx_assets.core.fxcache import open_fxcache
+from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
@@ -95,6 +95,8 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
                 value_dtype=self.value_dtype,  # type: ignore[arg-type]
                 chunk_rows=self.chunk_rows,
                 max_views=4,
+                # trade prices must be exact: on the tick grid, never of a coarser resolution
+                price_tick=self.pipeline.stage_configs().ofi.tick_size,
             )
         return self._store
 
@@ -107,17 +109,16 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
         todo = [p for p in parts if p.label not in self._loaded]
         if not todo:
             return
-        items, prices = [], []
+        items = []
         for part in todo:
             path = StageIO(self.storage, self.pipeline, part).require("fxcache")
-            cache = open_fxcache(path, verify_finite=False)  # the device checks the values
-            key = cache.cache_key.hex()
-            # bf16 cannot carry prices (8 significant bits): those come decoded from the file.
-            prices.append(cache.decoded(slice(None), cache.group("price")) if cache.dtype == "bf16" else None)
+            # the store key is the file's cache key (header only here; the store verifies the
+            # checksums of every byte and takes the prices from the file's f64 price block)
+            key = read_header(path).cache_key.hex()
             items.append((key, path))
             self._loaded[part.label] = key
         try:
-            self.store().add_fxcaches(items, prices=prices)
+            self.store().add_fxcaches(items)
         except Exception:
             for part in todo:
                 self._loaded.pop(part.label, None)

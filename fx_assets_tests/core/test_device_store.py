@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from fx_assets.core import labels
+from fx_assets.core import calendar, checksum, fxcache, labels
 from fx_assets.core.device_store import DeviceStore
-from fx_assets.core.errors import FxDataError
+from fx_assets.core.errors import FxCacheError, FxDataError
 from fx_assets.core.folds import FoldConfig, fold_range
 from fx_assets.core.fxcache import open_fxcache, write_fxcache
 from fx_assets.core.trainers import TrainConfig, fold_transition
@@ -70,7 +70,9 @@ def test_values_equal_host_f64_and_f32_sources() -> None:
     np.testing.assert_array_equal(view.close.numpy(), vals[0][:, 1])  # exact float64
     s32 = DeviceStore(device="cpu", chunk_rows=300)
     ts, v = _quarter(5, np.float32)
-    s32.add_quarter("Q5", ts, v, COLS)
+    with pytest.raises(FxDataError, match="float32 values cannot carry prices exactly"):
+        s32.add_quarter("Q5", ts, v, COLS)  # prices come from an f64 source only
+    s32.add_quarter("Q5", ts, v, COLS, prices=v[:, :2].astype(np.float64))
     np.testing.assert_array_equal(s32.concat_view(["Q5"]).values.numpy(), v)
 
 
@@ -211,9 +213,16 @@ def test_padded_fxcache_file_uploads_in_one_block(tmp_path: Path) -> None:
     fc = open_fxcache(path)
     assert fc.values.shape == (N, 8) and not fc.values.flags.writeable
     store = DeviceStore(device="cpu", chunk_rows=333)
-    store.add_quarter("Q", fc.ts, fc.values, fc.column_names, price_columns=fc.group_names("price"))
+    store.add_quarter(
+        "Q",
+        fc.ts,
+        fc.values,
+        fc.value_column_names,
+        price_columns=fc.group_names("price"),
+        prices=np.array(fc.prices[:, :2]),
+    )
     view = store.concat_view(["Q"])
-    assert view.columns == ("f0", "f1", "f2", "open", "close", "ofi_0") and view.values.shape == (N, 8)
+    assert view.columns == ("f0", "f1", "f2", "ofi_0") and view.values.shape == (N, 8)
     np.testing.assert_array_equal(view.values.numpy(), np.asarray(fc.values))
     np.testing.assert_array_equal(view.close.numpy(), fc.column("close"))
     fr = SimpleNamespace(train_start=0, train_end=600, val_start=700, val_end=N)
@@ -235,56 +244,186 @@ def _write_cache(path: Path, ts: np.ndarray, v: np.ndarray, dtype: Any) -> Path:
     )
 
 
+def _reseal(path: Path) -> None:
+    """Recompute an fxcache file's checksums after an in-place edit: a file that a buggy tool
+    wrote with valid checksums, so that the device-side value checks are what stands."""
+    h = fxcache.read_header(path)
+    data = bytearray(path.read_bytes())
+    digests = []
+    for lo, hi in h.regions().values():
+        hh = checksum.new_hasher()
+        hh.update(bytes(data[lo:hi]))
+        digests.append(hh.digest())
+    data[152:216] = b"".join(digests)
+    hh = checksum.new_hasher()
+    hh.update(bytes(data[:240]))
+    data[240:256] = hh.digest()
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
 @pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
 def test_add_fxcaches_equals_add_quarter(tmp_path: Path, dtype: str, store_dtype: str) -> None:
-    """The threaded fxcache fast path stores exactly what add_quarter stores from the memmap."""
+    """The threaded fxcache fast path stores exactly what add_quarter stores from the memmaps,
+    and the prices are the file's exact f64 prices at every value dtype."""
     items, ref = [], DeviceStore(device="cpu", value_dtype=store_dtype, chunk_rows=333)  # type: ignore[arg-type]
-    prices = []
+    closes = []
     for i in range(3):
         ts, v = _quarter(i)
         p = _write_cache(tmp_path / f"q{i}.fxcache", ts, v, dtype)
         fc = open_fxcache(p)
-        px = fc.decoded(slice(None), fc.group("price")) if dtype == "bf16" else None
         ref.add_quarter(
-            f"Q{i}", fc.ts, fc.values, fc.column_names, price_columns=["open", "close"], prices=px
+            f"Q{i}",
+            fc.ts,
+            fc.values,
+            fc.value_column_names,
+            price_columns=fc.group_names("price"),
+            prices=np.array(fc.prices[:, :2]),
         )
         items.append((f"Q{i}", p))
-        prices.append(px)
+        closes.append(v[:, 1])
     # tiny chunks and 3 threads: many chunks per file, buffers reused out of order
-    fast = DeviceStore(device="cpu", value_dtype=store_dtype, staging_bytes=1000, io_threads=3)  # type: ignore[arg-type]
-    fast.add_fxcaches(items, prices=prices)
+    fast = DeviceStore(
+        device="cpu",
+        value_dtype=store_dtype,  # type: ignore[arg-type]
+        staging_bytes=1000,
+        io_threads=3,
+        price_tick=0.25,
+    )
+    fast.add_fxcaches(items)
     keys = [k for k, _ in items]
     a, b = ref.concat_view(keys), fast.concat_view(keys)
-    assert a.columns == b.columns and a.price_columns == b.price_columns == ("open", "close")
+    assert a.columns == b.columns == ("f0", "f1", "f2", "ofi_0")
+    assert a.price_columns == b.price_columns == ("open", "close")
     assert torch.equal(a.values, b.values) and torch.equal(a.prices, b.prices)
+    np.testing.assert_array_equal(b.close.numpy(), np.concatenate(closes))  # exact, even from bf16
     np.testing.assert_array_equal(a.ts, b.ts)
+    np.testing.assert_array_equal(b.sessions, calendar.session_day(b.ts))  # computed at upload
     st = fast.stats()
     assert st["uploads"] == 3 and st["chunks"] > 30 and st["staging_pool_bytes"] <= 6 * 1000
     with pytest.raises(FxDataError, match="already resident"):
-        fast.add_fxcache("Q0", items[0][1], prices=prices[0])
+        fast.add_fxcache("Q0", items[0][1])
 
 
 def test_add_fxcache_checks_values_and_prices(tmp_path: Path) -> None:
     ts, v = _quarter(1)
     path = _write_cache(tmp_path / "q.fxcache", ts, v, "f32")
-    with pytest.raises(FxDataError, match="bf16 values cannot carry prices"):
-        DeviceStore(device="cpu").add_fxcache("B", _write_cache(tmp_path / "b.fxcache", ts, v, "bf16"))
-    fc = open_fxcache(path)
-    off, w = fc.header.values_offset, fc.header.row_width
-    fc.close()
+    h = fxcache.read_header(path)
     raw = bytearray(path.read_bytes())
-    raw[off + (17 * w + 0) * 4 : off + (17 * w + 1) * 4] = np.float32(np.nan).tobytes()  # f0, bar 17
+    off = h.values_offset + (17 * h.row_width + 0) * 4
+    raw[off : off + 4] = np.float32(np.nan).tobytes()  # f0, bar 17
     bad = tmp_path / "nan.fxcache"
     bad.write_bytes(bytes(raw))
     store = DeviceStore(device="cpu")
+    with pytest.raises(FxCacheError, match="checksum mismatch in the values block"):
+        store.add_fxcaches([("Q", path), ("N", bad)])  # an in-place change never reaches the device
+    _reseal(bad)
     with pytest.raises(FxDataError, match=r"'f0' is NaN/Inf at bar 17"):
         store.add_fxcaches([("Q", path), ("N", bad)])
     assert store.keys() == []  # nothing registered when one file fails
     raw = bytearray(path.read_bytes())
-    raw[off + (5 * w + 4) * 4 : off + (5 * w + 5) * 4] = np.float32(-1.0).tobytes()  # close, bar 5
+    off = h.price_offset + (5 * h.price_width + 1) * 8
+    raw[off : off + 8] = np.float64(-1.0).tobytes()  # close, bar 5
     bad.write_bytes(bytes(raw))
+    _reseal(bad)
     with pytest.raises(FxDataError, match=r"'close' not finite/positive at bar 5"):
         store.add_fxcache("N", bad)
     store.add_fxcache("Q", path)
     assert store.keys() == ["Q"]
+
+
+def test_prices_coarser_than_the_tick_are_refused() -> None:
+    """The pattern the bf16 loader once built: bf16-decoded prices handed over as exact ones."""
+    ts, v = _quarter(2)
+    bits = _bf16_bits(v)
+    decoded = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert np.unique(decoded[:, 1]).size < np.unique(v[:, 1]).size / 4  # bf16 merged the closes
+    store = DeviceStore(device="cpu", price_tick=0.25)
+    with pytest.raises(
+        FxDataError, match=r"'open' moves only in multiples of \d+ ticks.*coarser than the 0.25"
+    ):
+        store.add_quarter("Q", ts, bits, COLS, prices=decoded[:, :2].copy())
+    off_grid = v[:, :2].copy()
+    off_grid[9, 1] += 0.1
+    with pytest.raises(FxDataError, match=r"'close' has 1 values off the 0.25 tick grid"):
+        store.add_quarter("Q", ts, bits, COLS, prices=off_grid)
+    with pytest.raises(FxDataError, match="prices must be a float64 array"):
+        store.add_quarter("Q", ts, bits, COLS, prices=v[:, :2].astype(np.float32))
+    store.add_quarter("Q", ts, bits, COLS, prices=v[:, :2].copy())  # the exact prices pass
+    assert store.keys() == ["Q"]
+    with pytest.raises(FxDataError, match="price_tick"):
+        DeviceStore(device="cpu", price_tick=float("nan"))
+
+
+def _market_caches(tmp_path: Path, dtype: str) -> tuple[list[tuple[str, Path]], list[int]]:
+    """3 quarters of bars (5-minute closes inside Globex sessions), closes on the 0.25 tick, a
+    roll 202403 -> 202406 in the second quarter and 202406 -> 202409 in the third, features
+    and OFI of ordinary magnitudes; the same market written at ``dtype``."""
+    rng = np.random.default_rng(21)
+    n = 3 * N
+    t0 = 1_704_153_600 * 10**9  # 2024-01-02 00:00 UTC
+    grid = t0 + np.arange(3 * n, dtype=np.int64) * 300 * 10**9
+    ts = grid[calendar.session_day(grid) >= 0][:n]
+    close = 4800.0 + 0.25 * np.cumsum(rng.integers(-3, 4, n))
+    contract = np.select([np.arange(n) < 1500, np.arange(n) < 2600], [202403.0, 202406.0], 202409.0)
+    prices = np.column_stack([np.concatenate([[close[0]], close[:-1]]), close, contract])
+    feats = rng.standard_normal((n, 3)) * [1.0, 40.0, 1e-3] + [0.0, 50.0, 0.0]
+    ofi = rng.standard_normal((n, 2)) * 250.0
+    items, starts = [], []
+    for q in range(3):
+        sl = slice(q * N, (q + 1) * N)
+        p = write_fxcache(
+            tmp_path / f"{dtype}_{q}.fxcache",
+            ts[sl],
+            {
+                "feature": (["f0", "f1", "f2"], feats[sl]),
+                "price": (["open", "close", "contract"], prices[sl]),
+                "ofi": (["ofi_0", "ofi_1"], ofi[sl]),
+            },
+            dtype,  # type: ignore[arg-type]
+            bytes([q]) * 32,
+        )
+        items.append((f"{dtype}{q}", p))
+        starts.append(int(ts[sl][0]))
+    return items, starts
+
+
+def test_same_fold_from_f32_bf16_f64_caches_has_identical_labels(tmp_path: Path) -> None:
+    """Labels, the forward returns behind them and the roll mask do not depend on the value
+    dtype of the cache (prices live in its f64 block); only the model inputs differ."""
+    from fx_assets.core.trainers import train_mlp
+
+    cfg = TrainConfig(trainer="mlp", epochs=1, batch_size=256, hidden=[8], max_steps_per_epoch=3)
+    folds = {}
+    for dtype in ("f32", "bf16", "f64"):
+        items, starts = _market_caches(tmp_path, dtype)
+        store = DeviceStore(device="cpu", price_tick=0.25)
+        store.add_fxcaches(items)
+        view = store.concat_view([k for k, _ in items])
+        fcfg = FoldConfig(train_quarters=2, purge_bars=cfg.purge_bars, warmup_bars=0)
+        fr = fold_range(view.ts, starts, 2, fcfg, name="q3")
+        fold = fold_transition(view, fr, cfg)  # the asset's call: sessions and rolls from the view
+        res = train_mlp(fold, cfg, tmp_path / f"model_{dtype}", [k for k, _ in items])
+        assert np.isfinite(res.metrics["turnover"])
+        folds[dtype] = fold
+    ref = folds["f64"]
+    # the roll mask: labels whose window spans 1500 or 2600 are undefined, in the training
+    # rows and in the validation rows
+    n_tr = ref.bounds[1] - ref.bounds[0]
+    assert 0 < int(torch.isnan(ref.r1_train).sum()) < n_tr
+    assert int(torch.isnan(ref.y_train).sum()) >= 30
+    assert ref.extra["train_labels_undefined"] > 0
+    for dtype in ("f32", "bf16"):
+        f = folds[dtype]
+        assert f.bounds == ref.bounds
+        for name in ("y_train", "r1_train", "y_val", "r1_val"):
+            a, b = getattr(f, name), getattr(ref, name)
+            assert a.dtype == torch.float64
+            assert torch.equal(torch.isnan(a), torch.isnan(b)), (dtype, name)  # the same roll mask
+            assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)), (dtype, name)  # bit-identical
+        np.testing.assert_array_equal(f.val_sessions, ref.val_sessions)
+        np.testing.assert_array_equal(f.train_sessions, ref.train_sessions)
+        assert f.columns == ref.columns == ("f0", "f1", "f2", "ofi_0", "ofi_1")
+    # ... and only the model inputs differ (bf16 rounds them)
+    assert not torch.equal(folds["bf16"].x_train, ref.x_train)
+    assert not torch.equal(folds["bf16"].mean, ref.mean)

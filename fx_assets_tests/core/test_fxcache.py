@@ -70,25 +70,33 @@ def test_round_trip(tmp_path: Path, dtype: DType) -> None:
     expected = all_values(cols)
     with open_fxcache(p) as fc:
         assert fc.n_bars == N and fc.dtype == dtype and fc.has_ofi and fc.cache_key == KEY
-        assert fc.header.row_width == 16 and fc.values.shape == (N, 16)  # 9 columns padded to 16
+        # 3 features + 2 OFI in the value block, 4 prices in the f64 price block, each padded to 8
+        assert fc.header.row_width == 8 and fc.values.shape == (N, 8)
+        assert fc.header.price_width == 8 and fc.prices.shape == (N, 8) and fc.prices.dtype == np.float64
         np.testing.assert_array_equal(fc.ts, make_ts())
         assert fc.column_names == FEATURES + PRICES + OFI
-        assert fc.group("price") == slice(3, 7) and fc.group_names("ofi") == OFI
+        assert fc.value_column_names == FEATURES + OFI
+        assert fc.group("price") == slice(0, 4) and fc.group("ofi") == slice(3, 5)
+        assert fc.group_names("ofi") == OFI
         assert fc.meta == {"partition": "2024-Q1|ES.FUT"}
         got = fc.decoded()
+        px = slice(3, 7)  # price columns in column_names order
+        np.testing.assert_array_equal(got[:, px], expected[:, px])  # exact at every value dtype
+        vals = np.delete(got, px, axis=1)
+        want = np.delete(expected, px, axis=1)
         if dtype == "f64":
-            np.testing.assert_array_equal(got, expected)
+            np.testing.assert_array_equal(vals, want)
         elif dtype == "f32":
-            np.testing.assert_array_equal(got, expected.astype(np.float32).astype(np.float64))
+            np.testing.assert_array_equal(vals, want.astype(np.float32).astype(np.float64))
         else:
             # bf16 keeps 8 significant bits: relative error <= 2^-8 after round-to-nearest
             assert fc.values.dtype == np.uint16
-            np.testing.assert_array_equal(got, bf16_bits_to_f64(f32_to_bf16_bits(expected)))
-            assert np.all(np.abs(got - expected) <= np.abs(expected) * 2.0**-8 * (1 + 1e-6))
+            np.testing.assert_array_equal(vals, bf16_bits_to_f64(f32_to_bf16_bits(want)))
+            assert np.all(np.abs(vals - want) <= np.abs(want) * 2.0**-8 * (1 + 1e-6))
         for i, name in enumerate(fc.column_names):
             np.testing.assert_array_equal(fc.column(name), got[:, i])
         # padding columns are zero
-        assert not np.any(fc.values[:, 9:])
+        assert not np.any(fc.values[:, 5:]) and not np.any(fc.prices[:, 4:])
 
 
 def test_bf16_round_to_nearest_even_on_hand_values() -> None:
@@ -131,7 +139,7 @@ def test_empty_file_and_no_ofi(tmp_path: Path) -> None:
     p = write(tmp_path / "e.fxcache", "f32", n=0, ofi=False)
     with open_fxcache(p) as fc:
         assert fc.n_bars == 0 and not fc.has_ofi and fc.values.shape == (0, 8)
-        assert fc.group("ofi") == slice(7, 7)
+        assert fc.group("ofi") == slice(3, 3)
     p = write(tmp_path / "n.fxcache", "bf16", n=50, ofi=False)
     with open_fxcache(p) as fc:
         assert not fc.has_ofi and fc.header.n_ofi == 0
@@ -146,9 +154,9 @@ def patch(path: Path, offset: int, data: bytes) -> None:
         fh.write(data)
 
 
-def expect_error(path: Path, match: str) -> None:
+def expect_error(path: Path, match: str, **kw: Any) -> None:
     with pytest.raises(FxCacheError, match=match) as info:
-        open_fxcache(path)
+        open_fxcache(path, **kw)
     assert str(path) in str(info.value)
 
 
@@ -180,7 +188,7 @@ def test_size_mismatch(tmp_path: Path) -> None:
     expect_error(p, "size mismatch")
     p = write(tmp_path / "s2.fxcache")
     h = read_header(p)
-    patch(p, 32, struct.pack("<Q", h.n_bars + 1))  # bar count no longer matches the offsets
+    patch(p, 40, struct.pack("<Q", h.n_bars + 1))  # bar count no longer matches the offsets
     expect_error(p, "size mismatch")
 
 
@@ -204,16 +212,21 @@ def test_trailer_disagreeing_with_header(tmp_path: Path) -> None:
 def test_non_finite_value(tmp_path: Path, bad: float, dtype: DType) -> None:
     p = write(tmp_path / "f.fxcache", dtype, chunk_rows=100)
     h = read_header(p)
-    row, col = 777, 4
+    row, col = 777, 3  # ofi_l1 in the value block
     if dtype == "bf16":
         raw = f32_to_bf16_bits(np.float32(bad)).tobytes()
     else:
         raw = np.array(bad, dtype=fxcache.STORAGE[dtype]).tobytes()
     patch(p, h.values_offset + (row * h.row_width + col) * h.itemsize, raw)
-    expect_error(p, f"column 'close' at bar {row}")
-    with open_fxcache(p, verify_finite=False) as fc:  # the check can be skipped ...
+    expect_error(p, "checksum mismatch in the values block")  # changed after writing
+    # the finite scan names the column and bar on its own
+    expect_error(p, f"column 'ofi_l1' at bar {row}", verify_checksums=False)
+    patch(p, h.price_offset + (row * h.price_width + 1) * 8, struct.pack("<d", bad))
+    expect_error(p, f"column 'close' at bar {row}", verify_checksums=False)
+    with open_fxcache(p, verify_finite=False, verify_checksums=False) as fc:  # the checks can be skipped ...
         assert not np.isfinite(fc.column("close")[row])
-    assert describe_fxcache(p)["finite"] is False  # ... and inspect still shows the file
+    d = describe_fxcache(p)  # ... and inspect still shows the file
+    assert d["finite"] is False and d["valid"] is False
 
 
 def test_has_ofi_set_with_all_zero_ofi(tmp_path: Path) -> None:
@@ -221,21 +234,24 @@ def test_has_ofi_set_with_all_zero_ofi(tmp_path: Path) -> None:
     h = read_header(p)
     with open(p, "r+b") as fh:  # zero the OFI columns in place; the flag stays set
         for row in range(h.n_bars):
-            fh.seek(h.values_offset + (row * h.row_width + 7) * h.itemsize)
+            fh.seek(h.values_offset + (row * h.row_width + 3) * h.itemsize)
             fh.write(bytes(2 * h.itemsize))
-    expect_error(p, "has_ofi flag is set but its 2 OFI columns are all zero")
+    expect_error(p, "checksum mismatch")
+    expect_error(p, "has_ofi flag is set but its 2 OFI columns are all zero", verify_checksums=False)
 
 
 def test_has_ofi_set_without_ofi_columns(tmp_path: Path) -> None:
     p = write(tmp_path / "o2.fxcache", "f32", ofi=False)
     patch(p, 12, struct.pack("<I", 1))
-    expect_error(p, "has_ofi flag is set but has no OFI columns")
+    expect_error(p, "checksum mismatch in the header")
+    expect_error(p, "has_ofi flag is set but has no OFI columns", verify_checksums=False)
 
 
 def test_has_ofi_clear_with_ofi_present(tmp_path: Path) -> None:
     p = write(tmp_path / "o3.fxcache", "f32")
     patch(p, 12, struct.pack("<I", 0))
-    expect_error(p, "has_ofi flag is clear but the file carries 2 OFI columns")
+    expect_error(p, "checksum mismatch in the header")
+    expect_error(p, "has_ofi flag is clear but the file carries 2 OFI columns", verify_checksums=False)
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
@@ -252,8 +268,8 @@ def test_writer_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(FxDataError, match="column 'rsi_14' at bar 5"):
         write_fxcache(p, make_ts(), cols, "f32", KEY, {})
     cols = make_columns()
-    cols["price"][1][9, 0] = 1e39  # finite in f64, inf once stored as f32
-    with pytest.raises(FxDataError, match="column 'open' at bar 9"):
+    cols["feature"][1][9, 0] = 1e39  # finite in f64, inf once stored as f32
+    with pytest.raises(FxDataError, match="column 'ret_1' at bar 9"):
         write_fxcache(p, make_ts(), cols, "f32", KEY, {})
     cols = make_columns()
     cols["ofi"][1][:] = 0.0
@@ -305,7 +321,7 @@ def test_streaming_writer_memory_is_one_chunk(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(fxcache, "_encode_chunk", spy)
     write(tmp_path / "c.fxcache", "f64", chunk_rows=128)
-    assert max(sizes) == 128 and sum(sizes) == N
+    assert max(sizes) == 128 and sum(sizes) == 2 * N  # the price block, then the value block
 
 
 # --- export / describe ---------------------------------------------------------------------------
@@ -345,8 +361,84 @@ def test_describe(tmp_path: Path) -> None:
 def test_header_is_fixed_size_and_blocks_aligned(tmp_path: Path) -> None:
     p = write(tmp_path / "l.fxcache", "bf16", n=13)
     h = read_header(p)
-    assert h.ts_offset == HEADER_SIZE == 192
-    assert h.values_offset % 64 == 0 and h.trailer_offset % 64 == 0
-    assert h.values_offset == 192 + 128  # 13 * 8 = 104 bytes of ts, padded to 128
+    assert h.ts_offset == HEADER_SIZE == 256
+    assert h.price_offset % 64 == 0 and h.values_offset % 64 == 0 and h.trailer_offset % 64 == 0
+    assert h.price_offset == 256 + 128  # 13 * 8 = 104 bytes of ts, padded to 128
+    assert h.values_offset == h.price_offset + 13 * 8 * 8  # 13 rows of 8 f64 (832 = 13 * 64)
     assert h.trailer_offset + h.trailer_length == p.stat().st_size
     assert h.header_size == HEADER_SIZE
+
+
+# --- exact prices at every value type (issue 9.1) ----------------------------------------------
+
+
+def _market_columns(n: int = 400) -> dict[str, tuple[list[str], np.ndarray]]:
+    """130 distinct closes on the 0.25 tick near 5000, and a roll 202403 -> 202406 half way."""
+    steps = np.tile(np.arange(130), n // 130 + 1)[:n]
+    close = 5000.0 + 0.25 * steps
+    contract = np.where(np.arange(n) < n // 2, 202403.0, 202406.0)
+    rng = np.random.default_rng(3)
+    return {
+        "feature": (["ret_1", "rsi_14"], rng.normal(size=(n, 2))),
+        "price": (
+            ["open", "close", "mid_open", "contract"],
+            np.column_stack([close - 0.25, close, close - 0.125, contract]),
+        ),
+        "ofi": (["ofi_l1"], rng.normal(size=(n, 1))),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_prices_are_exact_at_every_value_dtype(tmp_path: Path, dtype: DType) -> None:
+    cols = _market_columns()
+    p = write_fxcache(tmp_path / "p.fxcache", make_ts(400), cols, dtype, KEY, {})
+    with open_fxcache(p) as fc:
+        close = fc.column("close")
+        assert np.unique(close).size == 130  # bf16 once made these 2 values
+        np.testing.assert_array_equal(close, cols["price"][1][:, 1])
+        np.testing.assert_array_equal(fc.column("contract"), cols["price"][1][:, 3])  # 202403 / 202406
+        assert fc.prices.dtype == np.float64 and fc.price_group_dtype == "f64"
+        # the value dtype applies to the features and OFI only
+        assert fc.values.dtype == fxcache.STORAGE[dtype]
+        assert fc.group_names("price") == ["open", "close", "mid_open", "contract"]
+
+
+# --- body checksums (issue 8.6) ----------------------------------------------------------------
+
+
+def _flip_in_place(p: Path, what: str) -> None:
+    h = read_header(p)
+    if what == "feature":  # a finite feature value, still finite after the change
+        off = h.values_offset + (10 * h.row_width + 0) * h.itemsize
+        old = np.frombuffer(p.read_bytes()[off : off + h.itemsize], dtype=fxcache.STORAGE[h.dtype])
+        new = (
+            old.view(np.uint16 if h.itemsize == 2 else np.uint32 if h.itemsize == 4 else np.uint64) ^ 1
+        ).tobytes()
+        patch(p, off, new)
+    elif what == "close":
+        off = h.price_offset + (10 * h.price_width + 1) * 8
+        patch(p, off, struct.pack("<d", 5000.5))
+    elif what == "cache_key":
+        patch(p, 48, bytes(reversed(KEY)))
+    elif what == "timestamp":  # still non-decreasing
+        off = h.ts_offset + 8 * 10
+        (t,) = struct.unpack("<q", p.read_bytes()[off : off + 8])
+        patch(p, off, struct.pack("<q", t + 1))
+    else:  # a trailer byte
+        data = p.read_bytes()
+        i = data.rindex(b'"partition"')
+        patch(p, i + 1, b"P")
+
+
+@pytest.mark.parametrize("what", ["feature", "close", "cache_key", "timestamp", "trailer"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_in_place_change_is_detected(tmp_path: Path, what: str, dtype: DType) -> None:
+    p = write(tmp_path / "c.fxcache", dtype)
+    fxcache.verify_fxcache(p)  # a fresh file verifies
+    _flip_in_place(p, what)
+    with pytest.raises(FxCacheError, match="checksum mismatch") as info:
+        fxcache.verify_fxcache(p)
+    assert str(p) in str(info.value)
+    expect_error(p, "checksum mismatch")  # open_fxcache verifies on every open by default
+    d = describe_fxcache(p)  # inspect still shows the file, and says it is invalid
+    assert d["valid"] is False and "checksum mismatch" in d["error"]

@@ -356,18 +356,18 @@ def test_gpu_trainers_find_signal_deterministically(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fused_fold_kernels_equal_torch_ops() -> None:
     """The Triton fold kernels give the torch path's stats and inputs (and flag bad inputs)."""
-    from fx_assets.core.trainers import common
+    from fx_assets.core.trainers import transition
 
     ts, values = make_market(3, 0.35, 41)
     store, keys = load_store(ts, values, 3, device="cuda")
     view, fr = store.concat_view(keys), make_range(ts, 3, 2)
     fused = fold_transition(view, fr, MLP_CFG)
-    assert fused.extra["fused_kernels"], common._FUSED_STATE
-    common._FUSED_STATE["enabled"] = False
+    assert fused.extra["fused_kernels"], transition._FUSED_STATE
+    transition._FUSED_STATE["enabled"] = False
     try:
         ref = fold_transition(view, fr, MLP_CFG)
     finally:
-        common._FUSED_STATE["enabled"] = True
+        transition._FUSED_STATE["enabled"] = True
     assert not ref.extra["fused_kernels"]
     torch.testing.assert_close(fused.mean, ref.mean, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(fused.std, ref.std, rtol=1e-10, atol=0)

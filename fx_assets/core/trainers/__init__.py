@@ -6,8 +6,9 @@ sidecar.
 
 from __future__ import annotations
 
-from fx_assets.core.trainers.common import FoldData, TrainConfig, TrainResult, fold_transition
+from fx_assets.core.trainers.common import FoldData, TrainConfig, TrainResult
 from fx_assets.core.trainers.dqn import train_dqn
 from fx_assets.core.trainers.mlp import train_mlp
+from fx_assets.core.trainers.transition import fold_transition
 
 __all__ = ["FoldData", "TrainConfig", "TrainResult", "fold_transition", "train_dqn", "train_mlp"]
