@@ -78,7 +78,9 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     ]
     assert tuple(a.key.to_user_string() for a in feature_assets) == FEATURE_STAGES
     # Blocking checks of the stage outputs; every job selecting an asset runs its checks too.
-    asset_checks = make_asset_checks(partitions, bars, bar_features, ofi_features)
+    asset_checks = make_asset_checks(
+        partitions, predecoded_trades, predecoded_mbp10, bars, bar_features, ofi_features, fxcache
+    )
 
     observe_raw = dg.define_asset_job(
         "observe_raw",

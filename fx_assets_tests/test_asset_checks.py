@@ -16,15 +16,17 @@ import datetime as dt
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
-import numpy as np
 import pyarrow as pa
 import pytest
 
+from fx_assets.assets import features as features_mod
 from fx_assets.assets.common import StageIO
 from fx_assets.core import stages as st
-from fx_assets.core.bar_features import feature_names
+from fx_assets.core.fxcache import read_header
+from fx_assets.core.sidecar import sidecar_columns, sidecar_path
 from fx_assets.definitions import FEATURE_STAGES, build_definitions
 from fx_assets.partitions import QuarterSymbol, partition_key
 from fx_assets.resources.pipeline import PipelineConfig
@@ -34,10 +36,13 @@ from fx_assets.settings import ProjectSettings
 Q1, Q2 = dt.date(2024, 1, 1), dt.date(2024, 4, 1)
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 CHECKS = {
+    ("predecoded_trades", "sidecar_matches_source"),
+    ("predecoded_mbp10", "sidecar_matches_source"),
     ("bars", "volume_conserved"),
     ("bar_features", "features_valid"),
     ("ofi_features", "features_valid"),
     ("ofi_features", "causal_spot_check"),
+    ("fxcache", "fxcache_valid"),
 }
 
 
@@ -62,7 +67,11 @@ def built(market3: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
 
 
 def run(
-    defs: dg.Definitions, inst: dg.DagsterInstance, how: str, quarter: dt.date, selection: list[str] | None = None
+    defs: dg.Definitions,
+    inst: dg.DagsterInstance,
+    how: str,
+    quarter: dt.date,
+    selection: list[str] | None = None,
 ) -> dg.ExecuteInProcessResult:
     pk = partition_key(quarter, "ES.FUT")
     if how == "materialize":
@@ -91,48 +100,115 @@ def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
 
 def stage_path(root: Path, stage: str, quarter: dt.date = Q2) -> Path:
     io = StageIO(FxStorage(root=str(root)), PipelineConfig(), QuarterSymbol(quarter, "ES.FUT"))
+    if stage in ("trades", "mbp-10"):
+        src = io.raw(stage)
+        return sidecar_path(src, io.layout.sidecar_dir(stage, "ES.FUT"))
     return io.path(stage)
 
 
 @contextlib.contextmanager
-def planted(path: Path, edit: Callable[[pa.Table], pa.Table]) -> Iterator[None]:
-    """``path`` rewritten as ``edit(table)`` for the duration; the original bytes restored after."""
+def kept(path: Path) -> Iterator[None]:
+    """Whatever happens to ``path`` inside, its original bytes are back afterwards."""
     original = path.read_bytes()
-    table = st.read_table(path)
-    edited = edit(pa.table({n: table.column(n).to_numpy() for n in table.column_names}))
-    st.write_table(path, edited.replace_schema_metadata(table.schema.metadata))
     try:
         yield
     finally:
         path.write_bytes(original)
 
 
-def set_value(column: str, row: int, value: float) -> Callable[[pa.Table], pa.Table]:
+def rewrite_table(path: Path, edit: Callable[[pa.Table], pa.Table]) -> None:
+    """``path`` rewritten by the stage writer as ``edit(table)``: a well-formed file, wrong content."""
+    table = st.read_table(path)
+    edited = edit(pa.table({n: table.column(n).to_numpy() for n in table.column_names}))
+    st.write_table(path, edited.replace_schema_metadata(table.schema.metadata))
+
+
+def set_value(column: str, row: int, value: float) -> Callable[[Path], None]:
     def edit(t: pa.Table) -> pa.Table:
         v = t.column(column).to_numpy().copy()
         v[row] = value
         return t.set_column(t.column_names.index(column), column, pa.array(v))
 
-    return edit
+    return lambda path: rewrite_table(path, edit)
 
 
-def look_ahead(column: str) -> Callable[[pa.Table], pa.Table]:
-    """Each bar holds the next bar's value: the stage output planted with a one-bar look-ahead."""
+def look_ahead(column: str) -> Callable[[Path], None]:
+    """Each bar holds the next bar's value: a stage output planted with a one-bar look-ahead."""
 
     def edit(t: pa.Table) -> pa.Table:
         v = t.column(column).to_numpy().copy()
         v[:-1] = v[1:]
         return t.set_column(t.column_names.index(column), column, pa.array(v))
 
-    return edit
+    return lambda path: rewrite_table(path, edit)
 
 
+def flip_unsampled_price_byte(path: Path) -> None:
+    """One byte of the sidecar's ``price`` column changed where reuse does not sample (between
+    its first two sampled blocks), so the predecoded asset reuses the sidecar and only the full
+    verification of the check can see it."""
+    prices = sidecar_columns(path, ["price"])["price"]
+    raw = bytearray(path.read_bytes())
+    length = prices.nbytes
+    gap_mid = ((length - 4096) // 15 + 4096) // 2  # sidecar._sample_ranges: 16 blocks of 4 KiB
+    row = gap_mid // 8
+    at = raw.find(prices[row : row + 4].tobytes())
+    assert at > 0 and raw.find(prices[row : row + 4].tobytes(), at + 1) < 0
+    raw[at + 3] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+DEFECTS: dict[str, tuple[tuple[str, str], str, Callable[[Path], None], list[str]]] = {
+    # check, planted file, plant, words the failure must name (besides the partition)
+    "corrupted_sidecar_byte": (
+        ("predecoded_trades", "sidecar_matches_source"),
+        "trades",
+        flip_unsampled_price_byte,
+        ["checksum mismatch in column price"],
+    ),
+    "dropped_bar_volume": (
+        ("bars", "volume_conserved"),
+        "bars",
+        set_value("volume", 700, 1.0),
+        ["column 'volume'", "session"],
+    ),
+    "non_finite_bar_feature": (
+        ("bar_features", "features_valid"),
+        "bar_features",
+        set_value("rsi_14", 900, float("inf")),
+        ["feature 'rsi_14' bar 900"],
+    ),
+    "non_finite_ofi_feature": (
+        ("ofi_features", "features_valid"),
+        "ofi_features",
+        set_value("ofi_l1", 900, float("nan")),
+        ["feature ofi_l1 is NaN", "bar 900"],
+    ),
+    "look_ahead_in_bars": (
+        ("ofi_features", "causal_spot_check"),
+        "bars",
+        look_ahead("high"),
+        ["raw data cut at ts_recv", "bars column 'high'"],
+    ),
+    "look_ahead_in_bar_features": (
+        ("ofi_features", "causal_spot_check"),
+        "bar_features",
+        look_ahead("log_return"),
+        ["raw data cut at ts_recv", "bar_features column 'log_return'"],
+    ),
+    "look_ahead_in_ofi_features": (
+        ("ofi_features", "causal_spot_check"),
+        "ofi_features",
+        look_ahead("trade_imbalance_1"),
+        ["raw data cut at ts_recv", "ofi_features column 'trade_imbalance_1'"],
+    ),
+}
 RUNNERS = ["materialize", "job"]
 
 
 @pytest.mark.parametrize("how", RUNNERS)
 def test_checks_pass_on_a_good_partition(built: tuple[Path, dg.Definitions], how: str) -> None:
-    root, defs = built
+    _, defs = built
     with dg.instance_for_test() as inst:
         r = run(defs, inst, how, Q2)
         assert r.success
@@ -146,79 +222,62 @@ def test_checks_pass_on_a_good_partition(built: tuple[Path, dg.Definitions], how
         causal = res[("ofi_features", "causal_spot_check")].metadata
         assert causal["bars_compared"].value >= 8 and causal["ofi_bars_compared"].value == 8
         assert causal["max_rel_diff_bar_features"].value <= 1e-9
-        # Bounded: the cut reads the warm-up span of the raw data, not the quarter.
-        n_trades = len(st.read_table(stage_path(root, "bars")))  # bars, as a scale reference
-        assert causal["trades_records_read"].value > 0 and n_trades > 0
-
-
-DEFECTS = {
-    # check, planted file, edit, words the failure must name
-    "dropped_bar_volume": (
-        ("bars", "volume_conserved"),
-        "bars",
-        set_value("volume", 700, 1.0),
-        ["'volume'", "session"],
-    ),
-    "non_finite_bar_feature": (
-        ("bar_features", "features_valid"),
-        "bar_features",
-        set_value("rsi_14", 900, float("inf")),
-        ["'rsi_14'", "bar 900"],
-    ),
-    "non_finite_ofi_feature": (
-        ("ofi_features", "features_valid"),
-        "ofi_features",
-        set_value("ofi_l1", 900, float("nan")),
-        ["ofi_l1", "bar 900"],
-    ),
-    "look_ahead_in_bar_features": (
-        ("ofi_features", "causal_spot_check"),
-        "bar_features",
-        look_ahead("log_return"),
-        ["bar_features column 'log_return'", "cut at ts_recv"],
-    ),
-    "look_ahead_in_ofi_features": (
-        ("ofi_features", "causal_spot_check"),
-        "ofi_features",
-        look_ahead("trade_imbalance_1"),
-        ["ofi_features column 'trade_imbalance_1'", "cut at ts_recv"],
-    ),
-    "look_ahead_in_bars": (
-        ("ofi_features", "causal_spot_check"),
-        "bars",
-        look_ahead("high"),
-        ["bars column 'high'", "cut at ts_recv"],
-    ),
-}
+        assert causal["max_rel_diff_ofi"].value <= 1e-9
 
 
 @pytest.mark.parametrize("how", RUNNERS)
 @pytest.mark.parametrize("defect", list(DEFECTS))
 def test_check_fails_on_its_planted_defect(built: tuple[Path, dg.Definitions], defect: str, how: str) -> None:
     root, defs = built
-    check, stage, edit, words = DEFECTS[defect]
-    path = stage_path(root, stage)
-    with planted(path, edit), dg.instance_for_test() as inst:
+    check, target, plant, words = DEFECTS[defect]
+    path = stage_path(root, target)
+    with kept(path), dg.instance_for_test() as inst:
+        plant(path)
         r = run(defs, inst, how, Q2)
         assert not r.success
-        res = check_results(r)
-        ev = res[check]
+        ev = check_results(r)[check]
         assert not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
         text = ev.description or ""
         for w in ["2024-Q2|ES.FUT", *words]:
             assert w in text, (w, text)
-        if stage != "bars" or check[1] == "causal_spot_check":
-            assert path.name in text or "causality" in text, text
-        if check == ("bars", "volume_conserved"):
-            assert path.name in text
-        # the other partition's checks are untouched by the plant
-    assert set(feature_names()) >= {"rsi_14", "log_return"}
+        if check[1] != "causal_spot_check":
+            assert path.name in text, text  # the file
+
+
+@pytest.mark.parametrize("how", RUNNERS)
+def test_fxcache_check_fails_on_a_corrupt_written_file(
+    built: tuple[Path, dg.Definitions], how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fxcache asset fully verifies a file before reusing it, so the defect is planted in the
+    write itself: one value byte changes after the file is written (as bit rot would)."""
+    root, defs = built
+    path = stage_path(root, "fxcache")
+    real = features_mod.write_fxcache
+
+    def corrupting_write(dest: Path, *args: Any, **kwargs: Any) -> Any:
+        out = real(dest, *args, **kwargs)
+        raw = bytearray(Path(dest).read_bytes())
+        raw[read_header(dest).values_offset + 101] ^= 0x01
+        Path(dest).write_bytes(bytes(raw))
+        return out
+
+    monkeypatch.setattr(features_mod, "write_fxcache", corrupting_write)
+    with kept(path), dg.instance_for_test() as inst:
+        path.unlink()  # so that the asset writes it again
+        r = run(defs, inst, how, Q2)
+        assert not r.success
+        ev = check_results(r)[("fxcache", "fxcache_valid")]
+        assert not ev.passed
+        text = ev.description or ""
+        assert "2024-Q2|ES.FUT" in text and path.name in text and "checksum mismatch" in text, text
 
 
 @pytest.mark.parametrize("how", RUNNERS)
 def test_failing_blocking_check_stops_downstream_steps(built: tuple[Path, dg.Definitions], how: str) -> None:
     root, defs = built
-    with planted(stage_path(root, "bars"), set_value("volume", 700, 1.0)), dg.instance_for_test() as inst:
+    path = stage_path(root, "bars")
+    with kept(path), dg.instance_for_test() as inst:
+        set_value("volume", 700, 1.0)(path)
         r = run(defs, inst, how, Q2)
         assert not r.success
         res = check_results(r)
@@ -226,22 +285,17 @@ def test_failing_blocking_check_stops_downstream_steps(built: tuple[Path, dg.Def
         done = materialized(r)
         assert "bars" in done  # the asset itself was materialized (reused), then its check failed
         assert not done & {"bar_features", "ofi_features", "fxcache"}
-        # The downstream checks never ran either.
-        assert set(res) == {("bars", "volume_conserved")}
-        failed = {e.step_key for e in r.get_step_failure_events()}
-        assert failed == {"bars_volume_conserved"}, failed
+        # Nothing downstream ran: neither the assets nor their checks.
+        assert not {k for k in res if k[0] in ("bar_features", "ofi_features", "fxcache")}
+        assert {e.step_key for e in r.get_step_failure_events()} == {"bars_volume_conserved"}
 
 
-def test_only_a_failing_check_fails_the_run(built: tuple[Path, dg.Definitions]) -> None:
-    """Q1 stays good while Q2 is broken: the check is partition-scoped."""
+def test_checks_are_per_partition(built: tuple[Path, dg.Definitions]) -> None:
+    """Q2's defect does not fail Q1's checks."""
     root, defs = built
-    with planted(stage_path(root, "bars"), set_value("volume", 700, 1.0)), dg.instance_for_test() as inst:
+    path = stage_path(root, "bars")
+    with kept(path), dg.instance_for_test() as inst:
+        set_value("volume", 700, 1.0)(path)
         r = run(defs, inst, "materialize", Q1)
         assert r.success
         assert all(e.passed for e in check_results(r).values())
-
-
-def test_stored_values_untouched_by_the_plants(built: tuple[Path, dg.Definitions]) -> None:
-    root, _ = built
-    v = st.read_table(stage_path(root, "bars")).column("volume").to_numpy()
-    assert v[700] != 1.0 and np.isfinite(v).all()

@@ -11,12 +11,13 @@ the file and the column.
 
 | asset | check | core function |
 |---|---|---|
+| ``predecoded_trades``, ``predecoded_mbp10`` | ``sidecar_matches_source`` | :func:`fx_assets.core.sidecar.verify_sidecar` |
 | ``bars`` | ``volume_conserved`` | :func:`fx_assets.core.verify.verify_bar_volume` |
 | ``bar_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_bar_features_file` |
 | ``ofi_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_ofi_features_file` |
 | ``ofi_features`` | ``causal_spot_check`` | :func:`fx_assets.core.causality.spot_check_causality` |
+| ``fxcache`` | ``fxcache_valid`` | :func:`fx_assets.core.fxcache.verify_fxcache` |
 """
-
 
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,8 @@ from fx_assets.core import verify
 from fx_assets.core.bars import BarTable
 from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import verify_fxcache
+from fx_assets.core.sidecar import sidecar_path, verify_sidecar
 from fx_assets.core.stages import read_table, roll_calendar_from_table
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
@@ -54,16 +57,47 @@ def _result(part: QuarterSymbol, fn: Callable[[], Mapping[str, Any]]) -> dg.Asse
     return dg.AssetCheckResult(passed=True, metadata=meta)
 
 
-def _stage_io(context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig) -> StageIO:
+def _stage_io(
+    context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+) -> StageIO:
     return StageIO(storage, pipeline, parse_partition_key(context.partition_key))
+
+
+def _sidecar_check(asset: dg.AssetsDefinition, schema: str, partitions_def) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=asset,
+        name="sidecar_matches_source",
+        partitions_def=partitions_def,
+        blocking=True,
+        description=f"The {schema} sidecar was decoded from the raw file as it is now (its whole "
+        "content hashed again) and every column matches the checksum written with it.",
+    )
+    def _check(context: dg.AssetCheckExecutionContext, storage: FxStorage) -> dg.AssetCheckResult:
+        part = parse_partition_key(context.partition_key)
+        source = storage.raw_file(schema, part.symbol, part.quarter)
+        # The sidecar's own path, not ensure_sidecar: a check must not rebuild what it checks.
+        path = sidecar_path(source, storage.layout.sidecar_dir(schema, part.symbol))
+
+        def run() -> dict[str, Any]:
+            verify_sidecar(path, source)
+            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+        return _result(part, run)
+
+    return _check
 
 
 def make_asset_checks(
     partitions_def: dg.PartitionsDefinition,
+    predecoded_trades: dg.AssetsDefinition,
+    predecoded_mbp10: dg.AssetsDefinition,
     bars: dg.AssetsDefinition,
     bar_features: dg.AssetsDefinition,
     ofi_features: dg.AssetsDefinition,
+    fxcache: dg.AssetsDefinition,
 ) -> list[dg.AssetChecksDefinition]:
+    """The blocking checks of the per-partition stages (one list for ``dg.Definitions``)."""
+
     @dg.asset_check(
         asset=bars,
         name="volume_conserved",
@@ -183,7 +217,35 @@ def make_asset_checks(
                 metadata={"partition": io.part.label},
             )
 
-    return [bars_volume_conserved, bar_features_valid, ofi_features_valid, causal_spot_check]
+    @dg.asset_check(
+        asset=fxcache,
+        name="fxcache_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Header, schema hash, body checksums, ordered timestamps, finite values, OFI "
+        "present and not all zero (docs/fxcache.md).",
+    )
+    def fxcache_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+
+        def run() -> dict[str, Any]:
+            path = io.require("fxcache")
+            verify_fxcache(path)
+            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+        return _result(io.part, run)
+
+    return [
+        _sidecar_check(predecoded_trades, "trades", partitions_def),
+        _sidecar_check(predecoded_mbp10, "mbp-10", partitions_def),
+        bars_volume_conserved,
+        bar_features_valid,
+        ofi_features_valid,
+        causal_spot_check,
+        fxcache_valid,
+    ]
 
 
 class _Skipped(Exception):

@@ -142,7 +142,8 @@ def truncate_sidecar(source: Path, dest: Path, *, after_ts: int | None, until_ts
     lo = 0 if after_ts is None else int(np.searchsorted(ts, after_ts, side="right"))
     hi = int(np.searchsorted(ts, until_ts, side="right"))
     hi = max(hi, lo)
-    meta = dict(table.schema.metadata or {})
+    # The body checksums describe the whole file, not this cut: they are not carried over.
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if b"checksum" not in k}
     meta[b"fx.n_records"] = str(hi - lo).encode()
     meta[b"fx.truncated"] = f"{source.name}: ts_recv in ({after_ts}, {until_ts}]".encode()
     part = table.slice(lo, hi - lo).combine_chunks().replace_schema_metadata(meta)
@@ -200,7 +201,9 @@ def _pick(q: StoredQuarter, config: CausalityConfig) -> _Cut | str:
         b0 = t - k + 1
         tc = bars.ts_close
         # quarter_ofi needs book records in the window itself (after the bar before it)
-        if np.searchsorted(book_ts, tc[t], side="right") <= np.searchsorted(book_ts, tc[b0 - 1], side="right"):
+        if np.searchsorted(book_ts, tc[t], side="right") <= np.searchsorted(
+            book_ts, tc[b0 - 1], side="right"
+        ):
             continue
         start = ofi_warmup_start(bars.slice(0, b0), book, q.ofi_config)
         if start is not None:

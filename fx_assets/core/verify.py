@@ -67,7 +67,9 @@ def verify_bar_volume(
     return {"bars": len(bars), "trades": len(trades), "volume": int(traded), "sessions": len(sessions)}
 
 
-def _check_aligned(ts_close: np.ndarray, bars_ts_close: np.ndarray | None, partition: str, path: Path) -> None:
+def _check_aligned(
+    ts_close: np.ndarray, bars_ts_close: np.ndarray | None, partition: str, path: Path
+) -> None:
     if bars_ts_close is None:
         return
     if ts_close.shape != bars_ts_close.shape:
