@@ -56,13 +56,13 @@ def built(market3: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
             (root / "raw" / schema / "ES.FUT").mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / "raw" / schema / "ES.FUT" / src.name)
     defs = build_definitions(ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=Q2))
-    with dg.instance_for_test() as inst:
-        for q in (Q1, Q2):
-            r = run(defs, inst, "materialize", q)
-            assert r.success
-            res = check_results(r)
-            assert set(res) == CHECKS, set(res)
-            assert all(e.passed for e in res.values()), {k: e.description for k, e in res.items()}
+    inst = dg.DagsterInstance.ephemeral()
+    for q in (Q1, Q2):
+        r = run(defs, inst, "materialize", q)
+        assert r.success
+        res = check_results(r)
+        assert set(res) == CHECKS, set(res)
+        assert all(e.passed for e in res.values()), {k: e.description for k, e in res.items()}
     return root, defs
 
 
@@ -209,20 +209,20 @@ RUNNERS = ["materialize", "job"]
 @pytest.mark.parametrize("how", RUNNERS)
 def test_checks_pass_on_a_good_partition(built: tuple[Path, dg.Definitions], how: str) -> None:
     _, defs = built
-    with dg.instance_for_test() as inst:
-        r = run(defs, inst, how, Q2)
-        assert r.success
-        res = check_results(r)
-        assert set(res) == CHECKS
-        for key, ev in res.items():
-            assert ev.passed, (key, ev.description)
-            assert ev.metadata["partition"].value == "2024-Q2|ES.FUT"
-        vol = res[("bars", "volume_conserved")].metadata
-        assert vol["volume"].value > 0 and vol["bars"].value > 500
-        causal = res[("ofi_features", "causal_spot_check")].metadata
-        assert causal["bars_compared"].value >= 8 and causal["ofi_bars_compared"].value == 8
-        assert causal["max_rel_diff_bar_features"].value <= 1e-9
-        assert causal["max_rel_diff_ofi"].value <= 1e-9
+    inst = dg.DagsterInstance.ephemeral()
+    r = run(defs, inst, how, Q2)
+    assert r.success
+    res = check_results(r)
+    assert set(res) == CHECKS
+    for key, ev in res.items():
+        assert ev.passed, (key, ev.description)
+        assert ev.metadata["partition"].value == "2024-Q2|ES.FUT"
+    vol = res[("bars", "volume_conserved")].metadata
+    assert vol["volume"].value > 0 and vol["bars"].value > 500
+    causal = res[("ofi_features", "causal_spot_check")].metadata
+    assert causal["bars_compared"].value >= 8 and causal["ofi_bars_compared"].value == 8
+    assert causal["max_rel_diff_bar_features"].value <= 1e-9
+    assert causal["max_rel_diff_ofi"].value <= 1e-9
 
 
 @pytest.mark.parametrize("how", RUNNERS)
@@ -231,7 +231,8 @@ def test_check_fails_on_its_planted_defect(built: tuple[Path, dg.Definitions], d
     root, defs = built
     check, target, plant, words = DEFECTS[defect]
     path = stage_path(root, target)
-    with kept(path), dg.instance_for_test() as inst:
+    with kept(path):
+        inst = dg.DagsterInstance.ephemeral()
         plant(path)
         r = run(defs, inst, how, Q2)
         assert not r.success
@@ -262,7 +263,8 @@ def test_fxcache_check_fails_on_a_corrupt_written_file(
         return out
 
     monkeypatch.setattr(features_mod, "write_fxcache", corrupting_write)
-    with kept(path), dg.instance_for_test() as inst:
+    with kept(path):
+        inst = dg.DagsterInstance.ephemeral()
         path.unlink()  # so that the asset writes it again
         r = run(defs, inst, how, Q2)
         assert not r.success
@@ -276,7 +278,8 @@ def test_fxcache_check_fails_on_a_corrupt_written_file(
 def test_failing_blocking_check_stops_downstream_steps(built: tuple[Path, dg.Definitions], how: str) -> None:
     root, defs = built
     path = stage_path(root, "bars")
-    with kept(path), dg.instance_for_test() as inst:
+    with kept(path):
+        inst = dg.DagsterInstance.ephemeral()
         set_value("volume", 700, 1.0)(path)
         r = run(defs, inst, how, Q2)
         assert not r.success
@@ -294,7 +297,8 @@ def test_checks_are_per_partition(built: tuple[Path, dg.Definitions]) -> None:
     """Q2's defect does not fail Q1's checks."""
     root, defs = built
     path = stage_path(root, "bars")
-    with kept(path), dg.instance_for_test() as inst:
+    with kept(path):
+        inst = dg.DagsterInstance.ephemeral()
         set_value("volume", 700, 1.0)(path)
         r = run(defs, inst, "materialize", Q1)
         assert r.success
