@@ -303,3 +303,15 @@ def test_checks_are_per_partition(built: tuple[Path, dg.Definitions]) -> None:
         r = run(defs, inst, "materialize", Q1)
         assert r.success
         assert all(e.passed for e in check_results(r).values())
+
+
+def test_checks_are_registered_blocking_and_partitioned(tmp_path: Path) -> None:
+    defs = build_definitions(ProjectSettings(data_root=tmp_path, first_quarter=Q1, last_quarter=Q2))
+    dg.Definitions.validate_loadable(defs)
+    specs = [s for c in defs.asset_checks or [] for s in c.check_specs]
+    assert {(s.asset_key.to_user_string(), s.name) for s in specs} == CHECKS
+    assert all(s.blocking for s in specs)
+    graph = defs.resolve_asset_graph()
+    for c in defs.asset_checks or []:
+        for key in c.check_keys:
+            assert c.partitions_def == graph.get(key.asset_key).partitions_def, key
