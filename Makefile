@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)
 # Demo market: small enough to finish in a few minutes on 2 cores.
 DEMO_ENV := FX_DATA_ROOT=$(CURDIR)/data FX_SYMBOLS=ES.FUT FX_FIRST_QUARTER=2024-Q1 FX_LAST_QUARTER=2024-Q4
 
-.PHONY: install demo test test-slow test-all ui bench lint typecheck validate clean
+.PHONY: install instance demo test test-slow test-all ui bench lint typecheck validate clean
 
 install: $(VENV)/.installed
 
@@ -23,10 +23,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
-demo: install
+# Dagster's SQLite storage migrates itself on first use, and two first users at once break it
+# for good: initialise the instance once, before anything runs in parallel.
+instance: install
+	$(PY) -c 'import dagster as dg; dg.DagsterInstance.get().dispose()'
+
+demo: install instance
 	$(DEMO_ENV) $(VENV)/bin/fx-assets demo
 
-test: install
+test: install instance
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Tests marked slow (end-to-end honesty on a larger synthetic market).
@@ -37,7 +42,7 @@ test-slow: install
 test-all: install
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not gpu and not postgres and not browser"
 
-ui: install
+ui: install instance
 	$(DEMO_ENV) $(VENV)/bin/dagster dev -w workspace.yaml
 
 validate: install

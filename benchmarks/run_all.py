@@ -1,8 +1,8 @@
 """Run every benchmark (``make bench``): decode, then features; print a summary table.
 
 Each measurement runs in its own process (see ``benchmarks.common.in_subprocess``) so peak
-memory is per measurement. Results: ``benchmarks/results/bench_decode.json`` and
-``bench_features.json``. The benchmark data (synthetic markets, sidecars) is generated under
+memory is per measurement. Results: ``benchmarks/results/bench_decode.json``,
+``bench_features.json`` and ``bench_integrity.json``. The benchmark data (synthetic markets, sidecars) is generated under
 ``benchmarks/data/`` on the first run and reused afterwards. Not part of the test suite.
 """
 
@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import bench_decode, bench_features
+from benchmarks import bench_decode, bench_features, bench_integrity
 from benchmarks.common import load_average
 
 
@@ -45,9 +45,10 @@ def main() -> int:
     # feature stages, whose own file writes would otherwise wait behind that writeback.
     os.sync()
     results["bench_features"] = bench_features.run()
+    results["bench_integrity"] = bench_integrity.run(None)
     print(summary(results))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; load average at end: {load_average()}")
-    print("results: benchmarks/results/bench_decode.json, benchmarks/results/bench_features.json")
+    print("results: benchmarks/results/bench_{decode,features,integrity}.json")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Sensors: build features when a quarter's raw files land or change, retrain when an fxcache does.
 
 - ``raw_data_sensor`` watches ``raw/{trades,mbp-10}/SYMBOL/`` for every partition of the
-  feature assets. When both files of a partition exist and their identity (size, mtime) differs
+  feature assets. When both files of a partition exist and their identity (size, content hash,
+  recorded beside the sidecars and re-hashed only when the stat moved) differs
   from the cursor, it requests a ``build_features`` run for that partition. A quarter's features
   warm up from the previous quarter's bars, so per symbol it requests only the earliest pending
   quarter per tick; the next one follows on a later tick, once its predecessor is done.
@@ -42,7 +43,8 @@ def make_sensors(
             files = [storage.raw_file(s, part.symbol, part.quarter) for s in ("trades", "mbp-10")]
             if not all(f.is_file() for f in files):
                 continue
-            ident = "+".join(file_identity(f) for f in files)
+            records = [storage.layout.sidecar_dir(s, part.symbol) for s in ("trades", "mbp-10")]
+            ident = "+".join(file_identity(f, r) for f, r in zip(files, records, strict=True))
             if seen.get(str(key)) != ident:
                 pending.setdefault(part.symbol, []).append((str(key), ident))
         if not pending:

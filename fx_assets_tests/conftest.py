@@ -24,6 +24,19 @@ def dbn_fixtures() -> Path:
     return path
 
 
+def init_dagster_home(home: Path) -> Path:
+    """Create and migrate the Dagster instance at ``home`` once, in this process, before anything
+    is launched in parallel on it (two first users of a fresh SQLite instance race in Dagster's
+    own migration and leave it broken). Uses the project's dagster.yaml settings."""
+    import dagster as dg
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("storage:\n  sqlite:\n    base_dir: storage\n")
+    with dg.DagsterInstance.from_config(str(home)):
+        pass
+    return home
+
+
 def make_market(
     root: Path, quarters: str, *, scale: float = 0.004, seed: int = 11, signal: float = 1.0
 ) -> Path:

@@ -40,10 +40,18 @@ def test_raw_data_sensor_requests_earliest_pending_quarter(market3: Path, tmp_pa
         assert got == ["2024-01|ES.FUT", "2024-04|ES.FUT", "2024-07|ES.FUT"]
         ctx = dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs)
         assert isinstance(sensor(ctx), dg.SkipReason)
-        # a replaced file is requested again
+        # a touch changes no byte: nothing to do
         f = root / "raw/trades/ES.FUT/ES.FUT_2024-Q2.dbn.zst"
         st = f.stat()
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        assert isinstance(
+            sensor(dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs)), dg.SkipReason
+        )
+        # a replaced file (same size and mtime, one byte changed) is requested again
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 1
+        f.write_bytes(bytes(data))
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
         res = sensor(dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs))
         assert [r.partition_key for r in res.run_requests] == ["2024-04|ES.FUT"]
 

@@ -9,7 +9,9 @@ fails with a message naming the partition and the asset to materialize.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from fx_assets.core import lineage
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.locks import build_lock
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
 from fx_assets.partitions import QuarterSymbol, context_partition
 from fx_assets.resources.pipeline import PipelineConfig
@@ -36,6 +39,10 @@ STAGE_SUFFIX = {
 }
 
 
+#: build locks this process holds, by output path (flock conflicts even within one process)
+_HELD: dict[Path, contextlib.ExitStack] = {}
+
+
 class StageIO:
     """Paths and keys of one (quarter, symbol) partition's stage files."""
 
@@ -45,6 +52,28 @@ class StageIO:
         self.cfg = pipeline.stage_configs()
         self.part = part
         self._idents: dict[tuple[str, dt.date], SourceIdentity | None] = {}
+        self.rebuild_reason = ""  # why cached_result refused an existing file
+        self._lock: contextlib.ExitStack | None = None
+
+    # build lock ----------------------------------------------------------------------------
+    def lock(self, stage: str) -> None:
+        """Hold the build lock of this partition's ``stage`` file until :meth:`unlock` or until
+        this object is garbage collected (when the asset returns or fails): the kernel drops
+        the lock when its file is closed, and at the latest when the process ends."""
+        self.unlock()
+        path = self.path(stage)
+        stale = _HELD.pop(path, None)
+        if stale is not None:  # a failed earlier attempt in this process still holds it
+            stale.close()
+        stack = contextlib.ExitStack()
+        stack.enter_context(build_lock(path))
+        self._lock = _HELD[path] = stack
+        weakref.finalize(self, stack.close)
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # raw sources -------------------------------------------------------------------------
     def raw(self, schema: str, quarter: dt.date | None = None) -> Path:
@@ -68,7 +97,16 @@ class StageIO:
 
     def sidecar(self, schema: str, quarter: dt.date | None = None) -> SidecarInfo:
         q = quarter or self.part.quarter
-        return require_sidecar(self.storage, schema, QuarterSymbol(q, self.part.symbol))
+        info = require_sidecar(self.storage, schema, QuarterSymbol(q, self.part.symbol))
+        ident = self.identity(schema, q)
+        if ident is not None and info.source_hash != ident.content_hash:
+            # the keys of this run name the content hashed earlier: never build them from other data
+            raise dg.Failure(
+                f"{quarter_label(q)}|{self.part.symbol}: raw {schema} file {info.source} changed during "
+                f"the run (content hash {ident.content_hash} when the keys were computed, "
+                f"{info.source_hash} now); run it again"
+            )
+        return info
 
     # keyed stage files -------------------------------------------------------------------
     def key(self, stage: str, quarter: dt.date | None = None) -> str:
@@ -175,8 +213,11 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     """A materialization of the existing keyed file, if it is there and valid (a cache hit).
 
     The key covers every input and parameter, so an existing file is exactly what this run
-    would write; it is opened and checked (Arrow schema / fxcache validation) before it is
-    trusted, and a corrupt one is removed and rebuilt.
+    would write; it is verified against the checksum written with it (stage tables in full:
+    :func:`fx_assets.core.tables.verify_table`; fxcache by its own validation) before it is
+    trusted. A file that fails is rebuilt (``io.rebuild_reason`` says why) and replaced in
+    place by the new one; it is never deleted first, so a concurrent reader never sees it
+    missing.
     """
     path = io.path(stage)
     if not path.is_file():
@@ -187,13 +228,14 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
 
             rows = open_fxcache(path).n_bars
         else:
-            from fx_assets.core.stages import read_table
+            from fx_assets.core.tables import read_table, verify_table
 
+            verify_table(path)
             rows = read_table(path).num_rows
     except (FxDataError, OSError, pa.ArrowInvalid) as exc:
-        # Not a valid cache entry (e.g. written by a crashed tool, or a format bump): rebuild.
-        dg.get_dagster_logger().warning(f"{path}: invalid cached file, rebuilding ({exc})")
-        path.unlink(missing_ok=True)
+        # Not a valid cache entry (damaged, written by a crashed tool, or a format bump): rebuild.
+        io.rebuild_reason = "checksum mismatch" if "checksum" in str(exc) else "invalid file"
+        dg.get_dagster_logger().warning(f"{path}: {io.rebuild_reason}, rebuilding ({exc})")
         return None
     return keyed_result(io.key(stage), path, io.part, action="reused", rows=int(rows))
 
@@ -204,4 +246,10 @@ def start_stage(
     """The partition, its stage paths, and the materialization of a cache hit (None: build it)."""
     part = context_partition(context)
     io = StageIO(storage, pipeline, part)
-    return part, io, cached_result(io, stage)
+    io.lock(stage)  # a concurrent run of the same stage file waits here, then reuses it
+    hit = cached_result(io, stage)
+    if hit is not None:
+        io.unlock()
+    elif io.rebuild_reason:
+        context.add_asset_metadata({"action": f"rebuilt ({io.rebuild_reason})"})
+    return part, io, hit

@@ -814,17 +814,21 @@ def _verify(path: Path, schema: pa.Schema, decoded: _Decoded) -> None:
                     value = np.frombuffer(os.pread(f.fileno(), dtype.itemsize, pos), dtype=dtype)
                     if len(value) != 1 or value[0] != rec[name][0]:
                         raise FxCacheError(f"{path}: column {name} row {i} does not match the decoded record")
+    # the checksums recorded must verify on the file as written (else every reuse would rebuild)
+    try:
+        _check(path, None, None, None, full=False, current_format=False)
+    except _Stale as exc:
+        raise FxCacheError(f"{path}: the written sidecar fails its own check: {exc.args[0]}") from None
 
 
-def _check_source(source: Path, st0: os.stat_result, digest: str, known_hash: str | None) -> None:
-    """The decoded bytes are the file as it is now: stat unchanged, hash as expected."""
+def _check_source(source: Path, st0: os.stat_result) -> None:
+    """The decoded bytes are the file as it is now: its stat did not move while it was read.
+
+    The digest of the bytes decoded is recorded whatever an earlier record said for the same
+    stat (that record is then the stale one); a run whose keys used the earlier hash fails in
+    the asset layer instead of building keyed files from other data."""
     if stat_stamp(os.stat(source)) != stat_stamp(st0):
         raise FxDataError(f"{source}: the file changed while it was being decoded")
-    if known_hash is not None and digest != known_hash:
-        raise FxDataError(
-            f"{source}: content hash {digest} of the decoded bytes differs from {known_hash}, hashed "
-            "earlier at the same size and dates (the file was rewritten in place); decode it again"
-        )
 
 
 def _write_empty(path: Path, cols: list[tuple[str, pa.DataType]], schema: pa.Schema) -> None:
@@ -841,7 +845,6 @@ def _build_direct(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
-    known_hash: str | None,
 ) -> tuple[int, str]:
     """Decode each column once, straight into its region of the sidecar; return N and the
     source's content hash.
@@ -860,7 +863,7 @@ def _build_direct(
             with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), layout) as out:
                 decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
             digest = digest_of(hasher)
-            _check_source(source, st0, digest, known_hash)
+            _check_source(source, st0)
             n = decoded.n
             sizes = [n * t.bit_width // 8 for _, t in cols]
             places = [(fd, b, size) for b, size in zip(layout.bases, sizes, strict=False)] if n else []
@@ -890,7 +893,6 @@ def _build_spilled(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
-    known_hash: str | None,
 ) -> tuple[int, str]:
     """Decode into per-column spill files, then copy them into pyarrow's layout; return N and
     the source's content hash."""
@@ -902,7 +904,7 @@ def _build_spilled(
         with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), spill) as out:
             decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
         digest = digest_of(hasher)
-        _check_source(source, st0, digest, known_hash)
+        _check_source(source, st0)
         n = decoded.n
         places = [(fd, off, size) for (fd, off), size in zip(out.targets or [], out.written, strict=False)]
         sums = _Sums(digest, out.checksums(), _sample_digest(places if n else []))
@@ -931,7 +933,6 @@ def build_sidecar(
     expect_schema: str | None = None,
     expect_dataset: str | None = None,
     record_dir: Path | str | None = None,
-    known_hash: str | None = None,
 ) -> SidecarInfo:
     """Decode ``source`` (DBN trades / tbbo / mbp-1 / mbp-10) into the sidecar ``dest``.
 
@@ -941,8 +942,7 @@ def build_sidecar(
     error no sidecar and no temp file is left behind (FxDataError for bad input, naming the
     file and offset). A file whose DBN schema (dataset) is not ``expect_schema``
     (``expect_dataset``) fails before anything is created. The source's content hash is taken
-    from the bytes decoded (recorded in ``record_dir`` for the stat they were read at); with
-    ``known_hash`` (hashed earlier at the same stat) a different digest is an error.
+    from the bytes decoded (recorded in ``record_dir`` for the stat they were read at).
     """
     source, dest = Path(source), Path(dest)
     try:
@@ -954,9 +954,9 @@ def build_sidecar(
     spec = header.spec()  # unsupported / mixed schema: fail before creating anything
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        n, digest = _build_direct(source, dest, header, st0, chunk_bytes, progress, known_hash)
+        n, digest = _build_direct(source, dest, header, st0, chunk_bytes, progress)
     except _Overflow:
-        n, digest = _build_spilled(source, dest, header, st0, chunk_bytes, progress, known_hash)
+        n, digest = _build_spilled(source, dest, header, st0, chunk_bytes, progress)
     if record_dir is not None:
         record_hash(source, record_dir, st0, digest)
     if progress is not None:
@@ -1002,7 +1002,12 @@ def _column_places(src: pa.MemoryMappedFile, batch: pa.RecordBatch) -> list[tupl
 
 
 def _check(
-    path: Path, source: Path | None, current_hash: str | None, expect_schema: str | None, full: bool
+    path: Path,
+    source: Path | None,
+    current_hash: str | None,
+    expect_schema: str | None,
+    full: bool,
+    current_format: bool = True,
 ) -> dict[str, str]:
     """The sidecar's metadata if it is intact and (with ``current_hash``) a decode of the
     source as it is now; _Stale saying why not. ``full`` hashes every column; otherwise the
@@ -1013,7 +1018,7 @@ def _check(
             meta = _meta(reader.schema)
             if any(k not in meta for k in _META_KEYS):
                 raise _Stale("format version")
-            if meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
+            if current_format and meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
                 raise _Stale("format version")
             if reader.num_record_batches != 1:
                 raise _Stale("unreadable")
@@ -1140,7 +1145,6 @@ def ensure_sidecar(
                 expect_schema=expect_schema,
                 expect_dataset=expect_dataset,
                 record_dir=sidecar_dir,
-                known_hash=known,
             )
         except BaseException:
             if reason not in ("missing", "forced"):
@@ -1314,7 +1318,12 @@ def describe_sidecar(path: Path | str) -> dict[str, Any]:
     meta = _meta(batch.schema)
     symbol_map = _parse_symbol_map(path, meta["fx.symbol_map"])
     out: dict[str, Any] = {"path": str(path), "size": path.stat().st_size}
-    out.update({k: v for k, v in meta.items() if k != "fx.symbol_map"})
+    out.update({k: v for k, v in meta.items() if k not in ("fx.symbol_map", "fx.checksums")})
+    try:  # every column against its checksum (the source is not compared: verify_sidecar does)
+        _check(path, None, None, None, full=True)
+        out["body_checksum"] = "ok"
+    except _Stale as exc:
+        out["body_checksum"] = f"FAILED: {exc.args[0]}"
     out["symbol_map"] = [m.to_json() for m in symbol_map]
     out["column_types"] = {f.name: str(f.type) for f in batch.schema}
     stats = _Stats(list(batch.schema.names))

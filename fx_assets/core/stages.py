@@ -44,7 +44,6 @@ import pyarrow as pa
 from numba import njit
 
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.atomic import atomic_path
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
 from fx_assets.core.calendar import interval_of, session_day, session_table, ts_range
@@ -52,6 +51,7 @@ from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE, px_to_float
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
+from fx_assets.core.tables import read_table, write_table  # noqa: F401  (stage table IO, re-exported)
 
 N_LEVELS = 10
 F64 = npt.NDArray[np.float64]
@@ -66,27 +66,6 @@ TRADE_WEIGHT = 8
 _ACTION_TRADE = ord("T")
 _SIDE_BUY = ord("B")
 _SIDE_SELL = ord("A")
-
-
-# --- Arrow files ------------------------------------------------------------------------------
-
-
-def write_table(path: Path, table: pa.Table) -> Path:
-    """Write an uncompressed Arrow IPC file (one record batch) atomically."""
-    table = table.combine_chunks()
-    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-    return path
-
-
-def read_table(path: Path) -> pa.Table:
-    """Memory-map an Arrow IPC file written by :func:`write_table`."""
-    try:
-        with pa.memory_map(str(path), "r") as source:
-            return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise FxDataError(f"{path}: cannot read Arrow table: {exc}") from exc
 
 
 # --- roll calendar --------------------------------------------------------------------------

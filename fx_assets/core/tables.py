@@ -1,0 +1,97 @@
+"""Arrow IPC stage tables (roll calendar, bars, bar and OFI features): written atomically with a
+checksum of their bodies, verified whenever a later run reuses them.
+
+Each table is one uncompressed record batch. ``fx.checksums`` in the schema metadata maps every
+column to the XXH3-128 (:mod:`fx_assets.core.checksum`) of its name, type and logical content
+(validity bits, values, string offsets and bytes), taken from the table being written, so the
+digest does not depend on buffer capacity or padding. :func:`verify_table` recomputes it in full:
+a stage table is at most a few hundred MB, hashed at memory speed (~10-50 ms per scale-1 file;
+see ``benchmarks/bench_integrity.py``), so every reuse is fully verified.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from fx_assets.core.atomic import atomic_path
+from fx_assets.core.checksum import digest_of, new_hasher, update_array
+from fx_assets.core.errors import FxCacheError, FxDataError
+
+__all__ = ["read_table", "table_checksums", "verify_table", "write_table"]
+
+_KEY = b"fx.checksums"
+
+
+def _column_digest(name: str, col: pa.ChunkedArray) -> str:
+    h = new_hasher()
+    h.update(f"{name}\x00{col.type}\x00{len(col)}\x00".encode())
+    for arr in col.chunks:
+        if not len(arr):
+            continue
+        if arr.null_count:
+            update_array(h, np.packbits(arr.is_null().to_numpy(zero_copy_only=False)))
+        t = arr.type
+        if pa.types.is_boolean(t):
+            update_array(h, np.packbits(arr.fill_null(False).to_numpy(zero_copy_only=False)))
+        elif pa.types.is_string(t) or pa.types.is_binary(t):
+            bufs = arr.buffers()
+            offs = np.frombuffer(bufs[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+            update_array(h, offs - offs[0])
+            data = bufs[2]
+            if data is not None and offs[-1] > offs[0]:
+                h.update(memoryview(data)[int(offs[0]) : int(offs[-1])])
+        elif t.bit_width and t.bit_width % 8 == 0 and arr.buffers()[1] is not None:
+            w = t.bit_width // 8
+            h.update(memoryview(arr.buffers()[1])[arr.offset * w : (arr.offset + len(arr)) * w])
+        else:
+            raise FxDataError(f"stage table column {name!r}: no checksum rule for type {t}")
+    return digest_of(h)
+
+
+def table_checksums(table: pa.Table) -> dict[str, str]:
+    """Column name -> digest of the column's content."""
+    return {name: _column_digest(name, table.column(name)) for name in table.column_names}
+
+
+def write_table(path: Path, table: pa.Table) -> Path:
+    """Write an uncompressed Arrow IPC file (one record batch, with ``fx.checksums``) atomically."""
+    table = table.combine_chunks()
+    meta = dict(table.schema.metadata or {})
+    meta[_KEY] = json.dumps(table_checksums(table), separators=(",", ":")).encode()
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    return path
+
+
+def read_table(path: Path) -> pa.Table:
+    """Memory-map an Arrow IPC file written by :func:`write_table` (not verified: see verify_table)."""
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise FxDataError(f"{path}: cannot read Arrow table: {exc}") from exc
+
+
+def verify_table(path: Path | str) -> None:
+    """FxCacheError naming the file (and the first bad column) unless every column's content
+    matches the checksum written with it."""
+    path = Path(path)
+    table = read_table(path)
+    raw = (table.schema.metadata or {}).get(_KEY)
+    if raw is None:
+        raise FxCacheError(f"{path}: stage table carries no fx.checksums (written by an older version)")
+    try:
+        want = json.loads(raw)
+    except ValueError as exc:
+        raise FxCacheError(f"{path}: damaged fx.checksums metadata: {exc}") from exc
+    if not isinstance(want, dict) or sorted(want) != sorted(table.column_names):
+        raise FxCacheError(f"{path}: columns {table.column_names} do not match the checksummed ones")
+    for name, digest in table_checksums(table).items():
+        if want[name] != digest:
+            raise FxCacheError(f"{path}: checksum mismatch in column {name!r}")
