@@ -60,9 +60,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fx_assets.core import calendar
+from fx_assets.core import calendar, checksum
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.fxcache import FxCache, open_fxcache
+from fx_assets.core.fxcache import FxCache, checksum_mismatch, open_fxcache
 
 DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap", "contract")
 CLOSE_COLUMN = "close"
@@ -163,21 +163,18 @@ def _price_flags(
     [(column, off-grid count, gcd of the moves in ticks)] for each tick column)."""
     px = prices[:, : len(pcols)]
     bad = ((~torch.isfinite(px)) | (px <= 0.0)).any()
-    out = []
-    if tick is not None:
-        for j, name in enumerate(pcols):
-            if name not in TICK_COLUMNS:
-                continue
-            r = px[:, j] / tick
-            t = torch.round(r)
-            off = (torch.abs(r - t) > TICK_TOLERANCE).sum()
-            g = torch.abs(t.to(torch.int64) - t[0].to(torch.int64))
-            while g.shape[0] > 1:  # tree reduction of the gcd (log2 n launches)
-                if g.shape[0] % 2:
-                    g = torch.cat([g, g.new_zeros(1)])
-                g = torch.gcd(g[0::2], g[1::2])
-            out.append((j, off, g[0] if g.shape[0] else torch.zeros((), dtype=torch.int64)))
-    return bad, out
+    cols = [j for j, name in enumerate(pcols) if name in TICK_COLUMNS]
+    if tick is None or not cols:
+        return bad, []
+    r = px[:, cols] / tick  # [n, k]: all tick columns in one pass per step
+    t = torch.round(r)
+    off = (torch.abs(r - t) > TICK_TOLERANCE).sum(dim=0)
+    g = torch.abs(t.to(torch.int64) - t[:1].to(torch.int64))
+    while g.shape[0] > 1:  # tree reduction of the gcd along the rows (log2 n launches)
+        if g.shape[0] % 2:
+            g = torch.cat([g, g.new_zeros((1, g.shape[1]))])
+        g = torch.gcd(g[0::2], g[1::2])
+    return bad, [(j, off[i], g[0, i]) for i, j in enumerate(cols)]
 
 
 def _raise_price_faults(
@@ -210,12 +207,16 @@ def _raise_price_faults(
 class _Region:
     """One block of an fxcache file on its way to its device tensor (fast path)."""
 
+    name: str  # the fxcache checksum region: price | values
     offset: int  # byte offset of the block in the file
+    end: int  # end of its checksummed region (the block and its zero padding)
+    digest: bytes  # XXH3-128 written at creation
     n: int
     w: int
     src: str  # stored dtype: f32 | bf16 | f64
     rowbytes: int
     dest: torch.Tensor  # [n, w] on the device
+    hasher: Any = None
 
     @property
     def direct(self) -> bool:
@@ -590,9 +591,10 @@ class DeviceStore:
         return [f.result() for f in futs]
 
     def _open_spec(self, key: str, path: Path) -> _FileSpec:
-        # every byte is checked against the file's checksums (xxhash releases the GIL, so the
-        # files of one call hash in parallel); the finite scan runs on the device instead
-        fc = open_fxcache(path, verify_finite=False, verify_checksums=True)
+        # the header, timestamps and trailer are checked against the file's checksums here; the
+        # price and value blocks are hashed as they stream through the pinned buffers (the bytes
+        # that reach the device are the bytes verified); the finite scan runs on the device
+        fc = open_fxcache(path, verify_finite=False, verify_checksums=("ts", "trailer"))
         try:
             h = fc.header
             n = int(h.n_bars)
@@ -614,7 +616,10 @@ class DeviceStore:
                 cols=tuple(fc.value_column_names),
                 pcols=pcols,
                 values=_Region(
+                    "values",
                     int(h.values_offset),
+                    int(h.trailer_offset),
+                    h.values_checksum,
                     n,
                     vw,
                     fc.dtype,
@@ -622,7 +627,10 @@ class DeviceStore:
                     torch.empty((n, vw), dtype=self._value_dtype, device=dev),
                 ),
                 prices=_Region(
+                    "price",
                     int(h.price_offset),
+                    int(h.values_offset),
+                    h.price_checksum,
                     n,
                     pw,
                     "f64",
@@ -660,6 +668,9 @@ class DeviceStore:
         bufs = self._staging_pool(n_buf, chunk_bytes)
         host_views = [b.numpy() for b in bufs]
         done: list[Any] = [None] * n_buf  # event of the last copy out of each buffer
+        hashed: list[Any] = [None] * n_buf  # hash of the last chunk read into each buffer
+        for _, r in regions:
+            r.hasher = checksum.new_hasher()
         fds: dict[Path, int] = {}
         lock = threading.Lock()
         if cuda and self._copy_stream is None:
@@ -677,9 +688,11 @@ class DeviceStore:
 
         def read(ci: int, b: int) -> int:
             sp, r, i, j = chunks[ci]
-            ev = done[b]
+            ev, hf = done[b], hashed[b]
             if ev is not None:
                 ev.synchronize()  # the device has finished reading this buffer
+            if hf is not None:
+                hf.result()  # and so has the hasher
             nbytes = (j - i) * r.rowbytes
             mv = host_views[b].data[:nbytes]
             fd, off, got = fd_of(sp.path), r.offset + i * r.rowbytes, 0
@@ -690,13 +703,25 @@ class DeviceStore:
                 got += k
             return nbytes
 
+        def digest(r: _Region, b: int, nbytes: int, before: Any) -> None:
+            # a region's chunks are hashed in file order (each task waits for the one before;
+            # tasks start in submission order, so that one is running or done)
+            if before is not None:
+                before.result()
+            r.hasher.update(host_views[b].data[:nbytes])
+
         timings: list[tuple[Any, Any, int]] = []
+        last_hash: dict[int, Any] = {}
         try:
-            with ThreadPoolExecutor(max_workers=n_threads) as ex:
+            with (
+                ThreadPoolExecutor(max_workers=n_threads) as ex,
+                ThreadPoolExecutor(max_workers=n_threads) as hx,
+            ):
                 futs = {ci: ex.submit(read, ci, ci % n_buf) for ci in range(n_buf)}
                 for ci, (_sp, r, i, j) in enumerate(chunks):
                     b = ci % n_buf
                     nbytes = futs.pop(ci).result()
+                    hashed[b] = last_hash[id(r)] = hx.submit(digest, r, b, nbytes, last_hash.get(id(r)))
                     src = bufs[b][:nbytes]
                     with torch.cuda.stream(stream) if cuda else _nullctx():
                         ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
@@ -723,9 +748,16 @@ class DeviceStore:
                     nxt = ci + n_buf
                     if nxt < len(chunks):
                         futs[nxt] = ex.submit(read, nxt, b)
+                for hf in last_hash.values():
+                    hf.result()
             if cuda:
                 torch.cuda.current_stream(self._device).wait_stream(stream)
                 stream.synchronize()  # the pinned pool may be refilled by the next call
+            for sp, r in regions:  # the zero padding after the block, then the comparison
+                lo = r.offset + r.n * r.rowbytes
+                r.hasher.update(os.pread(fd_of(sp.path), r.end - lo, lo))
+                if r.hasher.digest() != r.digest:
+                    raise checksum_mismatch(sp.path, r.name, r.offset, r.end)
         finally:
             for fd in fds.values():
                 os.close(fd)

@@ -754,9 +754,23 @@ def _parse_trailer(raw: bytes, h: FxCacheHeader, path: Path) -> tuple[tuple[FxCo
     return cols, meta
 
 
-def _verify_bodies(path: Path | str, header: FxCacheHeader | None = None, head: bytes | None = None) -> None:
-    """Re-hash the header fields and every region of the file; ``FxCacheError`` naming the file
-    and the first region whose XXH3-128 differs from the one written at creation."""
+def checksum_mismatch(path: Path | str, region: str, lo: int, hi: int) -> FxCacheError:
+    """The error of a region whose bytes no longer hash to the checksum written at creation."""
+    return FxCacheError(
+        f"{path}: checksum mismatch in the {region} block (bytes {lo}..{hi}): the file changed "
+        "since it was written; rebuild it"
+    )
+
+
+def _verify_bodies(
+    path: Path | str,
+    header: FxCacheHeader | None = None,
+    head: bytes | None = None,
+    regions: Sequence[str] = REGIONS,
+) -> None:
+    """Re-hash the header fields and the named regions of the file (default: all of them);
+    ``FxCacheError`` naming the file and the first region whose XXH3-128 differs from the one
+    written at creation."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -774,6 +788,8 @@ def _verify_bodies(path: Path | str, header: FxCacheHeader | None = None, head: 
         buf = bytearray(_HASH_READ_BYTES)
         view = memoryview(buf)
         for name, (lo, hi) in h.regions().items():
+            if name not in regions:
+                continue
             hasher = checksum.new_hasher()
             pos = lo
             while pos < hi:
@@ -783,10 +799,7 @@ def _verify_bodies(path: Path | str, header: FxCacheHeader | None = None, head: 
                 hasher.update(view[:k])
                 pos += k
             if hasher.digest() != h.checksums()[name]:
-                raise FxCacheError(
-                    f"{path}: checksum mismatch in the {name} block (bytes {lo}..{hi}): the file changed "
-                    f"since it was written; rebuild it"
-                )
+                raise checksum_mismatch(path, name, lo, hi)
     finally:
         os.close(fd)
 
@@ -795,14 +808,16 @@ def open_fxcache(
     path: Path | str,
     verify_finite: bool = True,
     *,
-    verify_checksums: bool = True,
+    verify_checksums: bool | Sequence[str] = True,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> FxCache:
     """Memory-map and validate an fxcache file; raise ``FxCacheError`` naming it on any fault.
 
-    ``verify_checksums`` (default on) re-hashes every byte of the file against the checksums
-    written at creation; ``verify_finite`` scans the decoded values (the device loader checks
-    them on the device instead).
+    ``verify_checksums`` (default on) re-hashes the header fields and every byte of the file
+    against the checksums written at creation; a sequence of region names (``ts``, ``price``,
+    ``values``, ``trailer``) re-hashes the header and those regions only (the device loader
+    hashes the price and value blocks itself, as it streams them). ``verify_finite`` scans the
+    decoded values (the device loader checks them on the device instead).
     """
     path = Path(path)
     try:
@@ -828,8 +843,10 @@ def open_fxcache(
 
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     cols, meta = _parse_trailer(bytes(raw[tr_off:total]), h, path)
-    if verify_checksums:
+    if verify_checksums is True:
         _verify_bodies(path, h, head)
+    elif verify_checksums:
+        _verify_bodies(path, h, head, tuple(verify_checksums))
     fc = FxCache(path, h, cols, meta, raw)
     try:
         _validate_values(fc, verify_finite, chunk_rows)
@@ -941,6 +958,7 @@ __all__ = [
     "FxCacheHeader",
     "FxColumn",
     "bf16_bits_to_f64",
+    "checksum_mismatch",
     "describe_fxcache",
     "f32_to_bf16_bits",
     "open_fxcache",

@@ -325,6 +325,14 @@ def test_add_fxcache_checks_values_and_prices(tmp_path: Path) -> None:
     off = h.price_offset + (5 * h.price_width + 1) * 8
     raw[off : off + 8] = np.float64(-1.0).tobytes()  # close, bar 5
     bad.write_bytes(bytes(raw))
+    with pytest.raises(FxCacheError, match="checksum mismatch in the price block"):
+        store.add_fxcache("N", bad)  # hashed as it streams to the device
+    ts_raw = bytearray(path.read_bytes())
+    ts_raw[h.ts_offset + 8 * 3] ^= 1  # a timestamp (still in order)
+    bad_ts = tmp_path / "ts.fxcache"
+    bad_ts.write_bytes(bytes(ts_raw))
+    with pytest.raises(FxCacheError, match="checksum mismatch in the ts block"):
+        store.add_fxcache("T", bad_ts)
     _reseal(bad)
     with pytest.raises(FxDataError, match=r"'close' not finite/positive at bar 5"):
         store.add_fxcache("N", bad)
