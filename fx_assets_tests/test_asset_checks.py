@@ -25,6 +25,8 @@ import pytest
 from fx_assets.assets import features as features_mod
 from fx_assets.assets.common import StageIO
 from fx_assets.core import stages as st
+from fx_assets.core import verify
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.sidecar import sidecar_columns, sidecar_path
 from fx_assets.definitions import FEATURE_STAGES, build_definitions
@@ -315,3 +317,31 @@ def test_checks_are_registered_blocking_and_partitioned(tmp_path: Path) -> None:
     for c in defs.asset_checks or []:
         for key in c.check_keys:
             assert c.partitions_def == graph.get(key.asset_key).partitions_def, key
+
+
+@pytest.mark.parametrize("stage", ["bars", "bar_features", "ofi_features"])
+def test_table_checks_verify_the_body_checksum(built: tuple[Path, dg.Definitions], stage: str) -> None:
+    """A byte changed inside a stored table's body (values still plausible): the asset rebuilds
+    such a file on reuse, and the check, run on demand, names it."""
+    root, _ = built
+    path = stage_path(root, stage)
+    io = StageIO(FxStorage(root=str(root)), PipelineConfig(), QuarterSymbol(Q2, "ES.FUT"))
+    check: dict[str, Callable[[], object]] = {
+        "bars": lambda: verify.verify_bar_volume(
+            path, io.sidecar("trades").path, io.path("roll_calendar"), partition="2024-Q2|ES.FUT"
+        ),
+        "bar_features": lambda: verify.verify_bar_features_file(path, partition="2024-Q2|ES.FUT"),
+        "ofi_features": lambda: verify.verify_ofi_features_file(path, partition="2024-Q2|ES.FUT"),
+    }
+    check[stage]()  # good
+    column = {"bars": "close", "bar_features": "rsi_14", "ofi_features": "ofi_l1"}[stage]
+    values = st.read_table(path).column(column).to_numpy()
+    with kept(path):
+        raw = bytearray(path.read_bytes())
+        at = raw.find(values[500:504].tobytes())
+        raw[at] ^= 0x01  # lowest mantissa bit of one value
+        path.write_bytes(bytes(raw))
+        with pytest.raises(
+            FxDataError, match=f"2024-Q2\\|ES.FUT: {path}: checksum mismatch in column '{column}'"
+        ):
+            check[stage]()

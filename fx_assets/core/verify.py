@@ -5,6 +5,8 @@ Each function re-reads what a stage wrote and checks one invariant of it, raisin
 the session or bar) of the first violation; on success it returns a few figures for the check's
 metadata. The causality spot-check lives in :mod:`fx_assets.core.causality`.
 
+Each also verifies the body checksum of the file it checks (:func:`fx_assets.core.tables.verify_table`).
+
 - :func:`verify_bar_volume`: the bars conserve the traded volume of the active contract (total
   and per session; ``n_trades`` likewise).
 - :func:`verify_bar_features_file` / :func:`verify_ofi_features_file`: a stored feature table is
@@ -24,6 +26,7 @@ from fx_assets.core.bars import BarTable
 from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.stages import active_trades, read_table, roll_calendar_from_table
+from fx_assets.core.tables import verify_table
 
 
 def verify_bar_volume(
@@ -35,6 +38,7 @@ def verify_bar_volume(
 
     Sizes are whole contracts, so float64 sums are exact (below 2**53) and compared with ``==``.
     """
+    _verified(bars_path, partition)
     bars = BarTable.from_arrow(read_table(bars_path), str(bars_path))
     calendar = roll_calendar_from_table(read_table(roll_calendar_path))
     trades = active_trades(trades_sidecar, calendar)
@@ -67,6 +71,14 @@ def verify_bar_volume(
     return {"bars": len(bars), "trades": len(trades), "volume": int(traded), "sessions": len(sessions)}
 
 
+def _verified(path: Path, partition: str) -> None:
+    """The stored table's body matches the checksum written with it."""
+    try:
+        verify_table(path)
+    except FxDataError as exc:
+        raise FxDataError(f"{partition}: {exc}") from exc
+
+
 def _check_aligned(
     ts_close: np.ndarray, bars_ts_close: np.ndarray | None, partition: str, path: Path
 ) -> None:
@@ -95,6 +107,7 @@ def verify_bar_features_file(path: Path, *, partition: str, bars_path: Path | No
     """The stored ``bar_features`` table: every registry feature present, finite except during its
     warm-up (``FeatureSpec.warmup`` bars of history), inside its bounds, one row per bar of
     ``bars_path`` (when given)."""
+    _verified(path, partition)
     table = FeatureTable.from_arrow(read_table(path), str(path))
     _check_aligned(table.ts_close, _bars_ts_close(bars_path), partition, path)
     try:
@@ -110,6 +123,7 @@ def verify_ofi_features_file(path: Path, *, partition: str, bars_path: Path | No
     """The stored ``ofi_features`` table: every registry feature present, no ±inf, NaN only in
     the leading run of a reset segment for features that allow it, inside the bounds, book
     events present and OFI not identically zero (:func:`fx_assets.core.ofi.validate_ofi`)."""
+    _verified(path, partition)
     table = ofi_core.OfiFeatures.from_arrow(read_table(path))
     _check_aligned(table.ts_close, _bars_ts_close(bars_path), partition, path)
     try:
