@@ -23,6 +23,7 @@ import pyarrow as pa
 import pytest
 
 from fx_assets.assets import features as features_mod
+from fx_assets.assets.checks import BLOCKING_CHECKS_PASSED
 from fx_assets.assets.common import StageIO
 from fx_assets.core import stages as st
 from fx_assets.core import verify
@@ -345,3 +346,60 @@ def test_table_checks_verify_the_body_checksum(built: tuple[Path, dg.Definitions
             FxDataError, match=f"2024-Q2\\|ES.FUT: {path}: checksum mismatch in column '{column}'"
         ):
             check[stage]()
+
+
+def _with_condition(defs: dg.Definitions, asset: str, cond: dg.AutomationCondition) -> dg.Definitions:
+    assets = [
+        a.map_asset_specs(lambda s: s.replace_attributes(automation_condition=cond))
+        if isinstance(a, dg.AssetsDefinition) and a.key.to_user_string() == asset
+        else a
+        for a in defs.assets or []
+    ]
+    return dg.Definitions(assets=assets, asset_checks=defs.asset_checks, resources=defs.resources)
+
+
+AC = dg.AutomationCondition
+
+
+def test_automation_waits_for_blocking_checks_only_when_asked(built: tuple[Path, dg.Definitions]) -> None:
+    """Dagster 1.13.27, on this graph: ``eager()`` requests bar_features[Q2] although the blocking
+    check of bars[Q2] failed; so does ``eager() & all_deps_blocking_checks_passed()`` (bars[Q1],
+    also a dependency, passed); ``eager() & checks.BLOCKING_CHECKS_PASSED`` holds it back."""
+    root, defs = built
+    eager = AC.eager().without(AC.in_latest_time_window())
+    conditions = {
+        "eager": eager,
+        "dagster_blocking": eager & AC.all_deps_blocking_checks_passed(),
+        "all_partitions": eager & BLOCKING_CHECKS_PASSED,
+    }
+    path = stage_path(root, "bars")
+    inst = dg.DagsterInstance.ephemeral()
+    assert run(defs, inst, "materialize", Q1).success
+    cursors = {
+        name: dg.evaluate_automation_conditions(
+            defs=_with_condition(defs, "bar_features", c), instance=inst
+        ).cursor
+        for name, c in conditions.items()
+    }
+    with kept(path):
+        set_value("volume", 700, 1.0)(path)
+        assert not run(defs, inst, "materialize", Q2, selection=["bars"]).success
+    requested = {}
+    for name, c in conditions.items():
+        r = dg.evaluate_automation_conditions(
+            defs=_with_condition(defs, "bar_features", c), instance=inst, cursor=cursors[name]
+        )
+        requested[name] = {str(k) for k in r.get_requested_partitions(dg.AssetKey("bar_features"))}
+    assert requested == {
+        "eager": {"2024-04|ES.FUT"},
+        "dagster_blocking": {"2024-04|ES.FUT"},
+        "all_partitions": set(),
+    }
+    # ... and once bars[Q2] is good again and its check passed, it is requested.
+    assert run(defs, inst, "materialize", Q2, selection=["bars"]).success
+    r = dg.evaluate_automation_conditions(
+        defs=_with_condition(defs, "bar_features", conditions["all_partitions"]),
+        instance=inst,
+        cursor=r.cursor,
+    )
+    assert {str(k) for k in r.get_requested_partitions(dg.AssetKey("bar_features"))} == {"2024-04|ES.FUT"}
