@@ -1,6 +1,7 @@
 """Asset checks of the feature stages: shown in the UI beside each asset and run in the same run
 after each materialization (every job and materialization that selects an asset selects its
-checks).
+checks; runs that automation requests take them along too, since they carry no automation
+condition of their own).
 
 Every check is blocking: a failure stops the downstream steps of the same run. Automation does
 not see checks by itself: ``AutomationCondition.eager()`` requests the downstream partitions of a
