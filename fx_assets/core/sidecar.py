@@ -8,9 +8,10 @@ the source path and size, the XXH3-128 hash of the source's whole content
 (:mod:`fx_assets.core.source_hash`), the schema (names and types, so a damaged footer is
 caught) and the sampled body checksum all still match — otherwise it is rebuilt, never
 trusted. The full body checksum (one XXH3-128 per column, hashed while the columns are
-written) is verified by :func:`verify_sidecar` (the asset check); a reuse checks
-``_SAMPLE_BLOCKS`` blocks of ``_SAMPLE_BYTES`` per column (all of a column that small), which
-keeps a warm load of a 17 GB sidecar in milliseconds. The build of one sidecar is serialised
+written) is verified by :func:`verify_sidecar` (the asset check) and on every reuse of a
+sidecar with at most ``_FULL_REUSE_BYTES`` of column data; a reuse of a larger one checks
+``_SAMPLE_BLOCKS`` blocks of ``_SAMPLE_BYTES`` per column, which keeps a warm load of a 17 GB
+sidecar in milliseconds. The build of one sidecar is serialised
 by a lock (:mod:`fx_assets.core.locks`): a second run waits and reuses the first's output.
 
 How a sidecar is built — each column written once, straight into its place in the file, with
@@ -129,8 +130,9 @@ _META_KEYS = (
 )
 # a digest's length is fixed, so the header reserve can be sized before the digests are known
 _DIGEST_PLACEHOLDER = f"{ALGORITHM}:{'0' * 32}"
-_SAMPLE_BLOCKS = 16  # blocks per column checked on every reuse
+_SAMPLE_BLOCKS = 16  # blocks per column checked on every reuse of a large sidecar
 _SAMPLE_BYTES = 4096
+_FULL_REUSE_BYTES = 64 << 20  # sidecars with at most this much column data: every reuse checks all
 
 
 def _columns(spec: SchemaSpec) -> list[tuple[str, pa.DataType]]:
@@ -1040,6 +1042,7 @@ def _check(
             if current_hash is not None and meta["fx.source_hash"] != current_hash:
                 raise _Stale("source changed")
             places = _column_places(src, batch) if batch.num_rows else [(0, 0)] * batch.num_columns
+            full = full or sum(length for _, length in places) <= _FULL_REUSE_BYTES
             with open(path, "rb") as f:
                 fd = f.fileno()
                 if full:
@@ -1054,7 +1057,7 @@ def _check(
                             h.update(block)
                             pos += len(block)
                         if digest_of(h) != sums.get(name):
-                            raise _Stale(f"checksum mismatch in column {name}")
+                            raise _Stale("checksum mismatch", f"in column {name}")
                 elif (
                     _sample_digest([(fd, off, length) for off, length in places])
                     != meta["fx.sample_checksum"]
@@ -1096,7 +1099,7 @@ def verify_sidecar(sidecar_path: Path | str, source_path: Path | str) -> None:
         _check(sidecar_path, source_path, current, None, full=True)
     except _Stale as exc:
         raise FxDataError(
-            f"{sidecar_path}: sidecar failed verification against {source_path}: {exc.args[0]}"
+            f"{sidecar_path}: sidecar failed verification against {source_path}: {' '.join(exc.args)}"
         ) from None
 
 
@@ -1323,7 +1326,7 @@ def describe_sidecar(path: Path | str) -> dict[str, Any]:
         _check(path, None, None, None, full=True)
         out["body_checksum"] = "ok"
     except _Stale as exc:
-        out["body_checksum"] = f"FAILED: {exc.args[0]}"
+        out["body_checksum"] = f"FAILED: {' '.join(exc.args)}"
     out["symbol_map"] = [m.to_json() for m in symbol_map]
     out["column_types"] = {f.name: str(f.type) for f in batch.schema}
     stats = _Stats(list(batch.schema.names))

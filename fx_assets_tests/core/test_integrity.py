@@ -196,3 +196,16 @@ def test_inspect_reports_a_damaged_sidecar_body(tmp_path: Path) -> None:
         f.seek(off + length // 2)
         f.write(b"\xff\xff\xff\x7f")
     assert sidecar.describe_sidecar(info.path)["body_checksum"] == "FAILED: checksum mismatch in column size"
+
+
+def test_small_sidecar_is_verified_in_full_on_reuse(tmp_path: Path) -> None:
+    src = _big_source(tmp_path, 20_000)
+    sc = tmp_path / "sc"
+    info = sidecar.ensure_sidecar(src, sc)
+    off, length = _column_range(info.path, "ts_recv")
+    assert length > sidecar._SAMPLE_BLOCKS * sidecar._SAMPLE_BYTES  # sampling would skip bytes
+    with open(info.path, "r+b") as f:  # between two sampled blocks
+        f.seek(off + length // 2 - sidecar._SAMPLE_BYTES - 100)
+        f.write(b"\x00" * 8)
+    again = sidecar.ensure_sidecar(src, sc)
+    assert again.rebuilt and again.reason == "checksum mismatch"
