@@ -25,6 +25,7 @@ import pytest
 from fx_assets.assets import features as features_mod
 from fx_assets.assets.checks import BLOCKING_CHECKS_PASSED
 from fx_assets.assets.common import StageIO
+from fx_assets.core import sidecar as sidecar_core
 from fx_assets.core import stages as st
 from fx_assets.core import verify
 from fx_assets.core.errors import FxDataError
@@ -147,9 +148,10 @@ def look_ahead(column: str) -> Callable[[Path], None]:
 
 
 def flip_unsampled_price_byte(path: Path) -> None:
-    """One byte of the sidecar's ``price`` column changed where reuse does not sample (between
-    its first two sampled blocks), so the predecoded asset reuses the sidecar and only the full
-    verification of the check can see it."""
+    """One byte of the sidecar's ``price`` column changed where a sampled reuse does not look
+    (between its first two sampled blocks): the predecoded asset reuses the sidecar and only the
+    full verification of the check can see it. (The test makes reuse sample, as it does for
+    sidecars above ``sidecar._FULL_REUSE_BYTES`` of columns, i.e. real quarters.)"""
     prices = sidecar_columns(path, ["price"])["price"]
     raw = bytearray(path.read_bytes())
     length = prices.nbytes
@@ -230,9 +232,12 @@ def test_checks_pass_on_a_good_partition(built: tuple[Path, dg.Definitions], how
 
 @pytest.mark.parametrize("how", RUNNERS)
 @pytest.mark.parametrize("defect", list(DEFECTS))
-def test_check_fails_on_its_planted_defect(built: tuple[Path, dg.Definitions], defect: str, how: str) -> None:
+def test_check_fails_on_its_planted_defect(
+    built: tuple[Path, dg.Definitions], defect: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, defs = built
     check, target, plant, words = DEFECTS[defect]
+    monkeypatch.setattr(sidecar_core, "_FULL_REUSE_BYTES", 0)  # reuse samples, as for a real quarter
     path = stage_path(root, target)
     with kept(path):
         inst = dg.DagsterInstance.ephemeral()
