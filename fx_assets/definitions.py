@@ -30,6 +30,7 @@ import warnings
 
 import dagster as dg
 
+from fx_assets.assets.checks import make_asset_checks
 from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
@@ -76,6 +77,10 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
         fxcache,
     ]
     assert tuple(a.key.to_user_string() for a in feature_assets) == FEATURE_STAGES
+    # Blocking checks of the stage outputs; every job selecting an asset runs its checks too.
+    asset_checks = make_asset_checks(
+        partitions, predecoded_trades, predecoded_mbp10, bars, bar_features, ofi_features, fxcache
+    )
 
     observe_raw = dg.define_asset_job(
         "observe_raw",
@@ -121,7 +126,9 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             )
         )
     sensors = make_sensors(partitions, train_parts, settings.train_quarters, storage)
-    return dg.Definitions(assets=assets, jobs=jobs, resources=resources, sensors=sensors)
+    return dg.Definitions(
+        assets=assets, asset_checks=asset_checks, jobs=jobs, resources=resources, sensors=sensors
+    )
 
 
 defs = build_definitions(load_settings())

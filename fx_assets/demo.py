@@ -80,7 +80,7 @@ def run_demo(*, scale: float, seed: int, signal: float, console: Console) -> int
             part = QuarterSymbol(q, symbol)
             t0 = time.perf_counter()
             result = dg.materialize(
-                assets,
+                [*assets, *(defs.asset_checks or [])],  # the stages' checks run in the same run
                 selection=feature_stages,
                 partition_key=partition_key(q, symbol),
                 instance=instance,

@@ -34,6 +34,7 @@ from fx_assets.core.bar_features import (
 )
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
 from fx_assets.core.calendar import quarter_label, session_day
+from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality, truncate_sidecar
 from fx_assets.core.contracts import is_spread
 from fx_assets.core.dbn import UNDEF_PRICE, px_to_float, read_header, read_records
 from fx_assets.core.errors import FxDataError
@@ -923,3 +924,97 @@ def test_page_releaser_only_touches_file_mappings_and_keeps_data(market: Market)
     rel.release_before(len(cols["ts_recv"]))
     for k, v in cols.items():  # released pages fault back in from the page cache
         assert np.array_equal(v, before[k])
+
+
+# --- the causality spot-check (core of the ``causal_spot_check`` asset check) ----------------
+
+
+def stored_quarter(outs: list[QuarterOut], qi: int, work: Path, cfg: Cfg = DEFAULT) -> StoredQuarter:
+    """A chain's quarter as the asset check sees it: its stored files and configs."""
+    o = outs[qi]
+    return StoredQuarter(
+        partition=f"{o.label}|{SYMBOL}",
+        trades_sidecar=o.trades_sidecar,
+        book_sidecar=o.book.path,
+        calendar=o.calendar,
+        bars=o.bars,
+        bar_features=st.read_table(work / f"bar_features_{o.label}.arrow"),
+        ofi=st.read_table(work / f"ofi_features_{o.label}.arrow"),
+        bar_config=cfg.bars,
+        bar_feature_config=cfg.feats,
+        ofi_config=cfg.ofi,
+        previous_bars=lambda n: [p.bars for p in outs[:qi]],
+    )
+
+
+def test_truncate_sidecar_keeps_exactly_the_records_in_the_span(market: Market, tmp_path: Path) -> None:
+    src = market.outs[1].book.path
+    ts = sidecar_columns(src, ["ts_recv"])["ts_recv"]
+    lo, hi = int(ts[len(ts) // 3]), int(ts[len(ts) // 2])
+    n = truncate_sidecar(src, tmp_path / "cut.arrow", after_ts=lo, until_ts=hi)
+    cut = sidecar_columns(tmp_path / "cut.arrow")
+    full = sidecar_columns(src)
+    keep = (ts > lo) & (ts <= hi)
+    assert n == int(keep.sum()) > 0
+    for name, col in full.items():
+        assert np.array_equal(cut[name], col[keep]), name
+    assert truncate_sidecar(src, tmp_path / "none.arrow", after_ts=hi, until_ts=hi) == 0
+    assert sidecar_columns(tmp_path / "none.arrow", ["ts_recv"])["ts_recv"].size == 0
+
+
+@pytest.mark.parametrize("qi", [0, 1, 2])
+def test_spot_check_passes_on_the_stored_chain(market: Market, qi: int) -> None:
+    """Cut at several drawn bars of every quarter (the first one unwarmed): bars equal bit for
+    bit, features within the tolerance, and only a span of the quarter's records was read."""
+    q = stored_quarter(market.outs, qi, market.root / "work")
+    n_trades = sidecar_columns(q.trades_sidecar, ["ts_recv"])["ts_recv"].size
+    bars_seen = set()
+    for seed in range(3):
+        r = spot_check_causality(q, CausalityConfig(seed=seed))
+        assert not r.skipped, r.skipped
+        assert r.bars_compared >= 8 and r.ofi_rows == 8
+        assert r.max_rel_diff_ofi <= 1e-9 and r.max_rel_diff_bar_features <= 1e-9
+        assert 0 < r.trades_records < n_trades
+        bars_seen.add(r.bar)
+    assert len(bars_seen) == 3
+    # the draw is a function of the partition and the seed: the same bar again
+    assert spot_check_causality(q, CausalityConfig(seed=0)).bar == spot_check_causality(q).bar
+
+
+def _shift_next(v: np.ndarray) -> np.ndarray:
+    out = v.copy()
+    out[:-1] = v[1:]
+    return out
+
+
+@pytest.mark.parametrize("stage", ["bar_features", "ofi"])
+def test_spot_check_finds_a_look_ahead_kernel(
+    market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    """A kernel that reads the next bar: its stored outputs pass validation, but recomputed from
+    data cut at T the value of the last bar before T differs, and the check names it."""
+    if stage == "bar_features":
+        real_bf = st.compute_bar_features
+
+        def leaky_bf(*args: Any, **kwargs: Any) -> FeatureTable:
+            out = real_bf(*args, **kwargs)
+            out.columns["log_volume"] = _shift_next(out.columns["log_volume"])
+            return out
+
+        monkeypatch.setattr(st, "compute_bar_features", leaky_bf)
+        column = "bar_features column 'log_volume'"
+    else:
+        real_ofi = ofi_core.compute_ofi_features
+
+        def leaky_ofi(*args: Any, **kwargs: Any) -> ofi_core.OfiFeatures:
+            out = real_ofi(*args, **kwargs)
+            out.columns["event_rate"] = _shift_next(out.columns["event_rate"])
+            return out
+
+        monkeypatch.setattr(ofi_core, "compute_ofi_features", leaky_ofi)
+        column = "ofi_features column 'event_rate'"
+    work = tmp_path / "work"
+    outs = run_chain(market.trades[:2], market.book[:2], work)
+    with pytest.raises(FxDataError, match="raw data cut at ts_recv") as err:
+        spot_check_causality(stored_quarter(outs, 1, work))
+    assert column in str(err.value) and f"{LABELS[1]}|{SYMBOL}" in str(err.value)

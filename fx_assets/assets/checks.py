@@ -1,0 +1,269 @@
+"""Asset checks of the feature stages: shown in the UI beside each asset and run in the same run
+after each materialization (every job and materialization that selects an asset selects its
+checks; runs that automation requests take them along too, since they carry no automation
+condition of their own).
+
+Every check is blocking: a failure stops the downstream steps of the same run. Automation does
+not see checks by itself: ``AutomationCondition.eager()`` requests the downstream partitions of a
+failed check; an automation condition must include :data:`BLOCKING_CHECKS_PASSED` to wait for
+them (Dagster's ``all_deps_blocking_checks_passed()`` is not enough here, see there). Each check
+locates the partition's files by cache key (:class:`fx_assets.assets.common.StageIO`) and calls
+one core function; a core error becomes a failed check whose description names the partition,
+the file and the column.
+
+| asset | check | core function |
+|---|---|---|
+| ``predecoded_trades``, ``predecoded_mbp10`` | ``sidecar_matches_source`` | :func:`fx_assets.core.sidecar.verify_sidecar` |
+| ``bars`` | ``volume_conserved`` | :func:`fx_assets.core.verify.verify_bar_volume` |
+| ``bar_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_bar_features_file` |
+| ``ofi_features`` | ``features_valid`` | :func:`fx_assets.core.verify.verify_ofi_features_file` |
+| ``ofi_features`` | ``causal_spot_check`` | :func:`fx_assets.core.causality.spot_check_causality` |
+| ``fxcache`` | ``fxcache_valid`` | :func:`fx_assets.core.fxcache.verify_fxcache` |
+"""
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dagster as dg
+
+from fx_assets.assets.common import StageIO
+from fx_assets.assets.features import _previous_bars
+from fx_assets.core import verify
+from fx_assets.core.bars import BarTable
+from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import verify_fxcache
+from fx_assets.core.sidecar import sidecar_path, verify_sidecar
+from fx_assets.core.stages import read_table, roll_calendar_from_table
+from fx_assets.partitions import QuarterSymbol, parse_partition_key
+from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.storage import FxStorage
+
+AC = dg.AutomationCondition
+
+#: For automation conditions (``AC.eager() & BLOCKING_CHECKS_PASSED``): every partition of every
+#: dependency has passed its blocking checks, or is requested together with them on this tick.
+#: Dagster's ``AC.all_deps_blocking_checks_passed()`` counts a dependency as passed when *any* of
+#: its mapped partitions passed, so through the previous-quarter mapping of ``bar_features`` /
+#: ``ofi_features`` / ``roll_calendar`` the previous quarter's good partition masks a failed check
+#: of this quarter's (tested in Dagster 1.13.27).
+BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
+    AC.any_checks_match(~(AC.check_passed() | AC.will_be_requested()), blocking_only=True)
+).with_label("all_dep_partitions_passed_blocking_checks")
+
+
+class CausalSpotCheckConfig(dg.Config, CausalityConfig):
+    """Where the causality spot-check cuts the raw data and how much it recomputes."""
+
+
+def _result(part: QuarterSymbol, fn: Callable[[], Mapping[str, Any]]) -> dg.AssetCheckResult:
+    """Run one core verification: its figures as metadata, or a failed check naming the partition."""
+    t0 = time.perf_counter()
+    try:
+        meta = dict(fn())
+    except (FxDataError, dg.Failure) as exc:
+        text = exc.description if isinstance(exc, dg.Failure) and exc.description else str(exc)
+        if part.label not in text:
+            text = f"{part.label}: {text}"
+        return dg.AssetCheckResult(passed=False, description=text, metadata={"partition": part.label})
+    meta = {"partition": part.label, **meta, "seconds": round(time.perf_counter() - t0, 3)}
+    return dg.AssetCheckResult(passed=True, metadata=meta)
+
+
+def _stage_io(
+    context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+) -> StageIO:
+    return StageIO(storage, pipeline, parse_partition_key(context.partition_key))
+
+
+def _sidecar_check(asset: dg.AssetsDefinition, schema: str, partitions_def) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=asset,
+        name="sidecar_matches_source",
+        partitions_def=partitions_def,
+        blocking=True,
+        description=f"The {schema} sidecar was decoded from the raw file as it is now (its whole "
+        "content hashed again) and every column matches the checksum written with it.",
+    )
+    def _check(context: dg.AssetCheckExecutionContext, storage: FxStorage) -> dg.AssetCheckResult:
+        part = parse_partition_key(context.partition_key)
+        source = storage.raw_file(schema, part.symbol, part.quarter)
+        # The sidecar's own path, not ensure_sidecar: a check must not rebuild what it checks.
+        path = sidecar_path(source, storage.layout.sidecar_dir(schema, part.symbol))
+
+        def run() -> dict[str, Any]:
+            verify_sidecar(path, source)
+            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+        return _result(part, run)
+
+    return _check
+
+
+def make_asset_checks(
+    partitions_def: dg.PartitionsDefinition,
+    predecoded_trades: dg.AssetsDefinition,
+    predecoded_mbp10: dg.AssetsDefinition,
+    bars: dg.AssetsDefinition,
+    bar_features: dg.AssetsDefinition,
+    ofi_features: dg.AssetsDefinition,
+    fxcache: dg.AssetsDefinition,
+) -> list[dg.AssetChecksDefinition]:
+    """The blocking checks of the per-partition stages (one list for ``dg.Definitions``)."""
+
+    @dg.asset_check(
+        asset=bars,
+        name="volume_conserved",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Sum of bar volume (and of n_trades) equals the volume (count) of the "
+        "active-contract trades of the quarter, in every session.",
+    )
+    def bars_volume_conserved(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_bar_volume(
+                io.require("bars"),
+                io.sidecar("trades").path,
+                io.require("roll_calendar"),
+                partition=io.part.label,
+            ),
+        )
+
+    @dg.asset_check(
+        asset=bar_features,
+        name="features_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Every registry feature finite outside its documented warm-up, inside its "
+        "bounds, one row per bar (registry: fx_assets.core.bar_features).",
+    )
+    def bar_features_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_bar_features_file(
+                io.require("bar_features"), partition=io.part.label, bars_path=io.require("bars")
+            ),
+        )
+
+    @dg.asset_check(
+        asset=ofi_features,
+        name="features_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="No ±inf, NaN only in a reset segment's leading warm-up, inside the bounds, "
+        "book events present, OFI not all zero, one row per bar (registry: fx_assets.core.ofi).",
+    )
+    def ofi_features_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+        return _result(
+            io.part,
+            lambda: verify.verify_ofi_features_file(
+                io.require("ofi_features"), partition=io.part.label, bars_path=io.require("bars")
+            ),
+        )
+
+    @dg.asset_check(
+        asset=ofi_features,
+        name="causal_spot_check",
+        partitions_def=partitions_def,
+        blocking=True,
+        additional_deps=[bars, bar_features],
+        description="Cut the partition's raw data at a bar close T (drawn per partition), rebuild "
+        "the bars, bar features and OFI features just before T from what is left and compare "
+        "with the stored values: nothing after T may change them.",
+    )
+    def causal_spot_check(
+        context: dg.AssetCheckExecutionContext,
+        config: CausalSpotCheckConfig,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+
+        def run() -> dict[str, Any]:
+            bars_path = io.require("bars")
+            stored = StoredQuarter(
+                partition=io.part.label,
+                trades_sidecar=io.sidecar("trades").path,
+                book_sidecar=io.sidecar("mbp-10").path,
+                calendar=roll_calendar_from_table(read_table(io.require("roll_calendar"))),
+                bars=BarTable.from_arrow(read_table(bars_path), str(bars_path)),
+                bar_features=read_table(io.require("bar_features")),
+                ofi=read_table(io.require("ofi_features")),
+                bar_config=io.cfg.bars,
+                bar_feature_config=io.cfg.bar_features,
+                ofi_config=io.cfg.ofi,
+                previous_bars=lambda n: _previous_bars(io, n),
+            )
+            r = spot_check_causality(stored, CausalityConfig.model_validate(config.model_dump()))
+            if r.skipped:
+                raise _Skipped(r.skipped)
+            return {
+                "bar": r.bar,
+                "cut_ts_recv": r.ts_cut,
+                "session": r.session,
+                "bars_compared": r.bars_compared,
+                "ofi_bars_compared": r.ofi_rows,
+                "trades_records_read": r.trades_records,
+                "book_records_read": r.book_records,
+                "max_rel_diff_bar_features": r.max_rel_diff_bar_features,
+                "max_rel_diff_ofi": r.max_rel_diff_ofi,
+            }
+
+        try:
+            return _result(io.part, run)
+        except _Skipped as why:
+            # Not checkable (a quarter shorter than the OFI warm-up): a warning, not a block.
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=f"{io.part.label}: not checked: {why}",
+                metadata={"partition": io.part.label},
+            )
+
+    @dg.asset_check(
+        asset=fxcache,
+        name="fxcache_valid",
+        partitions_def=partitions_def,
+        blocking=True,
+        description="Header, schema hash, body checksums, ordered timestamps, finite values, OFI "
+        "present and not all zero (docs/fxcache.md).",
+    )
+    def fxcache_valid(
+        context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
+    ) -> dg.AssetCheckResult:
+        io = _stage_io(context, storage, pipeline)
+
+        def run() -> dict[str, Any]:
+            path = io.require("fxcache")
+            verify_fxcache(path)
+            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+        return _result(io.part, run)
+
+    return [
+        _sidecar_check(predecoded_trades, "trades", partitions_def),
+        _sidecar_check(predecoded_mbp10, "mbp-10", partitions_def),
+        bars_volume_conserved,
+        bar_features_valid,
+        ofi_features_valid,
+        causal_spot_check,
+        fxcache_valid,
+    ]
+
+
+class _Skipped(Exception):
+    """The causality spot-check found no bar it can check in this partition."""
+
+
+__all__ = ["BLOCKING_CHECKS_PASSED", "CausalSpotCheckConfig", "make_asset_checks"]
