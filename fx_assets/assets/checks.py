@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 
 from fx_assets.assets.common import StageIO
-from fx_assets.assets.features import _previous_bars
+from fx_assets.assets.features import warmup_bars
 from fx_assets.core import verify
 from fx_assets.core.bars import BarTable
 from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
@@ -203,7 +203,7 @@ def make_asset_checks(
                 bar_config=io.cfg.bars,
                 bar_feature_config=io.cfg.bar_features,
                 ofi_config=io.cfg.ofi,
-                previous_bars=lambda n: _previous_bars(io, n),
+                previous_bars=lambda _n: warmup_bars(io),
             )
             r = spot_check_causality(stored, CausalityConfig.model_validate(config.model_dump()))
             if r.skipped:

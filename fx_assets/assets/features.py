@@ -55,6 +55,11 @@ def _book(io: StageIO, quarter) -> BookSource:
     return BookSource(io.sidecar("mbp-10", quarter).path, cal)
 
 
+def warmup_bars(io: StageIO) -> list[BarTable]:
+    """The bars that warm up the partition's bar features: the quarters its key lists, oldest first."""
+    return [_load_bars(io, q) for q in io.bar_features_warmup()]
+
+
 def _guard(part: QuarterSymbol, fn: Callable[[], object]) -> object:
     try:
         return fn()
@@ -152,7 +157,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             return hit
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
-        previous = [_load_bars(io, q) for q in io.bar_features_warmup()]
+        previous = warmup_bars(io)
         table = _guard(part, lambda: quarter_bar_features(cur, previous, io.cfg.bar_features))
         assert isinstance(table, FeatureTable)
         _guard(part, lambda: validate_features(table, part.label))
