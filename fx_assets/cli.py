@@ -84,6 +84,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     """Decode a DBN file into its predecoded sidecar (reused when fresh unless --rebuild)."""
+    from fx_assets.core import lineage
     from fx_assets.core.sidecar import ensure_sidecar
 
     src = Path(args.path)
@@ -97,6 +98,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
             Path(args.out),
             rebuild=args.rebuild,
             chunk_bytes=args.chunk_mib << 20,
+            code_version=lineage.code_version("predecoded"),
             progress=lambda done, total: progress.update(task, completed=done, total=max(total, 1)),
         )
     seconds = time.perf_counter() - t0

@@ -182,6 +182,7 @@ def require_sidecar(
             rebuild=rebuild,
             chunk_bytes=DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
             expect_schema=schema,  # the folder says what the file must hold
+            code_version=lineage.code_version("predecoded"),  # a decoder change rebuilds
         )
     except FxDataError as exc:
         raise dg.Failure(f"{part.label}: {exc}", metadata={"path": dg.MetadataValue.path(str(src))}) from exc

@@ -763,10 +763,11 @@ def _sample_digest(places: list[tuple[int, int, int]]) -> str:
 
 
 def _metadata(
-    header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int, sums: _Sums
+    header: dbn.DbnHeader, source: Path, size: int, mtime_ns: int, n: int, sums: _Sums, code_version: str
 ) -> dict[bytes, bytes]:
     meta = {
         "fx.format_version": str(SIDECAR_FORMAT_VERSION),
+        "fx.code_version": code_version,
         "fx.schema": str(header.schema),
         "fx.dataset": header.dataset,
         "fx.source_path": str(source.resolve()),
@@ -847,6 +848,7 @@ def _build_direct(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
+    code_version: str,
 ) -> tuple[int, str]:
     """Decode each column once, straight into its region of the sidecar; return N and the
     source's content hash.
@@ -855,7 +857,7 @@ def _build_direct(
     """
     spec = header.spec()
     cols = _columns(spec)
-    meta0 = _metadata(header, source, st0.st_size, st0.st_mtime_ns, 0, _Sums.placeholder(cols))
+    meta0 = _metadata(header, source, st0.st_size, st0.st_mtime_ns, 0, _Sums.placeholder(cols), code_version)
     reserve = _header_reserve(cols, sidecar_schema(spec.name, meta0))
     hasher = new_hasher()
     with atomic_path(dest) as tmp:
@@ -871,7 +873,7 @@ def _build_direct(
             places = [(fd, b, size) for b, size in zip(layout.bases, sizes, strict=False)] if n else []
             sums = _Sums(digest, out.checksums(), _sample_digest(places))
             schema = sidecar_schema(
-                spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums)
+                spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums, code_version)
             )
             if n:
                 if out.written != sizes:
@@ -895,6 +897,7 @@ def _build_spilled(
     st0: os.stat_result,
     chunk_bytes: int,
     progress: ProgressFn | None,
+    code_version: str,
 ) -> tuple[int, str]:
     """Decode into per-column spill files, then copy them into pyarrow's layout; return N and
     the source's content hash."""
@@ -910,7 +913,9 @@ def _build_spilled(
         n = decoded.n
         places = [(fd, off, size) for (fd, off), size in zip(out.targets or [], out.written, strict=False)]
         sums = _Sums(digest, out.checksums(), _sample_digest(places if n else []))
-        schema = sidecar_schema(spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums))
+        schema = sidecar_schema(
+            spec.name, _metadata(header, source, st0.st_size, st0.st_mtime_ns, n, sums, code_version)
+        )
         with atomic_path(dest) as tmp:
             if n == 0:
                 _write_empty(tmp, cols, schema)
@@ -935,6 +940,7 @@ def build_sidecar(
     expect_schema: str | None = None,
     expect_dataset: str | None = None,
     record_dir: Path | str | None = None,
+    code_version: str = "",
 ) -> SidecarInfo:
     """Decode ``source`` (DBN trades / tbbo / mbp-1 / mbp-10) into the sidecar ``dest``.
 
@@ -956,9 +962,9 @@ def build_sidecar(
     spec = header.spec()  # unsupported / mixed schema: fail before creating anything
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        n, digest = _build_direct(source, dest, header, st0, chunk_bytes, progress)
+        n, digest = _build_direct(source, dest, header, st0, chunk_bytes, progress, code_version)
     except _Overflow:
-        n, digest = _build_spilled(source, dest, header, st0, chunk_bytes, progress)
+        n, digest = _build_spilled(source, dest, header, st0, chunk_bytes, progress, code_version)
     if record_dir is not None:
         record_hash(source, record_dir, st0, digest)
     if progress is not None:
@@ -1010,6 +1016,7 @@ def _check(
     expect_schema: str | None,
     full: bool,
     current_format: bool = True,
+    code: str | None = None,
 ) -> dict[str, str]:
     """The sidecar's metadata if it is intact and (with ``current_hash``) a decode of the
     source as it is now; _Stale saying why not. ``full`` hashes every column; otherwise the
@@ -1022,6 +1029,8 @@ def _check(
                 raise _Stale("format version")
             if current_format and meta["fx.format_version"] != str(SIDECAR_FORMAT_VERSION):
                 raise _Stale("format version")
+            if code is not None and meta.get("fx.code_version", "") != code:
+                raise _Stale("decoder code changed")
             if reader.num_record_batches != 1:
                 raise _Stale("unreadable")
             if meta["fx.schema"] not in SCHEMAS or not reader.schema.equals(
@@ -1112,10 +1121,12 @@ def ensure_sidecar(
     *,
     expect_schema: str | None = None,
     expect_dataset: str | None = None,
+    code_version: str = "",
 ) -> SidecarInfo:
     """Return a sidecar of ``source`` in ``sidecar_dir``, reusing a fresh one, rebuilding a stale one.
 
-    Fresh means: format version, source path and size and the source's content hash (the one
+    Fresh means: format version, decoder ``code_version`` (the caller's version of the decoding
+    code; recorded in the sidecar), source path and size and the source's content hash (the one
     recorded for the current stat, else hashed now) match, the schema is intact (and is
     ``expect_schema``), and the sampled body checksum verifies. Under the build lock of the
     sidecar, so a concurrent second caller waits and then reuses. A stale sidecar stays in
@@ -1136,7 +1147,9 @@ def ensure_sidecar(
             if known is None:
                 known = content_hash(source, sidecar_dir)
             try:
-                return _info(source, dest, _check(dest, source, known, expect_schema, full=False))
+                return _info(
+                    source, dest, _check(dest, source, known, expect_schema, full=False, code=code_version)
+                )
             except _Stale as exc:
                 reason = exc.args[0]
         try:
@@ -1148,6 +1161,7 @@ def ensure_sidecar(
                 expect_schema=expect_schema,
                 expect_dataset=expect_dataset,
                 record_dir=sidecar_dir,
+                code_version=code_version,
             )
         except BaseException:
             if reason not in ("missing", "forced"):

@@ -567,3 +567,34 @@ def test_unreadable_file_is_never_installed(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(FxCacheError, match="does not match the decoded record"):
         sidecar.build_sidecar(p, tmp_path / "out" / "u.arrow", chunk_bytes=16384)
     assert _dir_listing(tmp_path / "out") == []
+
+
+def test_decoder_code_change_rebuilds_the_sidecar(tmp_path: Path) -> None:
+    """A sidecar records the decoder's code version; another version rebuilds it (same source)."""
+    src = _copy_fixture(tmp_path)
+    sc = tmp_path / "sc"
+    first = sidecar.ensure_sidecar(src, sc, code_version="decoder-a")
+    assert first.rebuilt
+    assert not sidecar.ensure_sidecar(src, sc, code_version="decoder-a").rebuilt
+    changed = sidecar.ensure_sidecar(src, sc, code_version="decoder-b")
+    assert changed.rebuilt and changed.reason == "decoder code changed"
+    assert not sidecar.ensure_sidecar(src, sc, code_version="decoder-b").rebuilt
+
+
+def test_assets_pass_the_derived_decoder_version(tmp_path: Path) -> None:
+    """The asset layer keys sidecars by the code version derived from the decoder's source."""
+    import datetime as dt
+
+    from fx_assets.assets.common import require_sidecar
+    from fx_assets.core import lineage
+    from fx_assets.partitions import QuarterSymbol
+    from fx_assets.resources.storage import FxStorage
+
+    storage = FxStorage(root=str(tmp_path / "root"))
+    part = QuarterSymbol(dt.date(2024, 7, 1), "ES.FUT")
+    raw = storage.raw_file("trades", part.symbol, part.quarter)
+    raw.parent.mkdir(parents=True)
+    raw.write_bytes(TRADES_V1.read_bytes())
+    info = require_sidecar(storage, "trades", part)
+    meta = pa.ipc.open_file(pa.memory_map(str(info.path))).schema.metadata
+    assert meta[b"fx.code_version"].decode() == lineage.code_version("predecoded") != ""
