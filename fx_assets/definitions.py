@@ -95,7 +95,6 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     build_features = dg.define_asset_job(
         "build_features",
         selection=dg.AssetSelection.assets(*feature_assets),
-        executor_def=dg.multiprocess_executor,
         # Each run is tagged with its symbol, so that dagster.yaml can run one symbol's quarters
         # of a job backfill one at a time, in order (a quarter warms up from the previous one).
         config=dg.PartitionedConfig(
@@ -140,9 +139,10 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             )
         )
     sensors = [*make_sensors(partitions, settings.symbols, storage), automation_sensor()]
-    # Runs that are not one of the jobs above (automation, asset backfills, the UI's Materialize)
-    # execute in one process: a fold backfill then trains every fold with one device loader, and
-    # a small partition skips a process start per step. build_features keeps its own executor.
+    # Every run executes in one process unless its job says otherwise: a fold backfill (job or
+    # asset page) then trains every fold with one device loader, and a partition's stages skip a
+    # process start each (seconds per step, more than a stage takes). Partitions run in parallel
+    # as separate runs, within dagster.yaml's limits.
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
