@@ -17,7 +17,7 @@ that Dagster hard-codes at 30 s (the backfill daemon); nothing else is patched.
 Stable API (other e2e suites build on it): ``start_dagster_dev``, ``DagsterDev`` (``url``,
 ``home``, ``data_root``, ``env``, ``location``, ``repository``, ``gql``, ``launch_run``,
 ``launch_asset_backfill``, ``launch_job_backfill``, ``backfill``, ``wait_backfill``, ``runs``,
-``wait_runs_idle``, ``materialized_partitions``, ``observed_partitions``, ``latest_metadata``, ``sensor_state``, ``start_sensor``,
+``wait_runs_idle``, ``materialized_partitions``, ``materialization_times``, ``observed_partitions``, ``latest_metadata``, ``sensor_state``, ``start_sensor``,
 ``stop_sensor``, ``restart``, ``stop``,
 ``log_tail``), ``wait_until``, ``synth_market``, ``drop_quarter``.
 """
@@ -392,6 +392,15 @@ class DagsterDev:
             out[k] = out.get(k, 0) + 1
         return out
 
+    def materialization_times(self, asset: str) -> dict[str, list[float]]:
+        """Partition key -> timestamps (s) of its materializations, oldest first."""
+        data = self.gql(ASSET_EVENTS, {"assetKey": {"path": [asset]}})
+        a = data["assetOrError"]
+        out: dict[str, list[float]] = {}
+        for m in a.get("assetMaterializations") or []:
+            out.setdefault(m["partition"] or "", []).append(float(m["timestamp"]) / 1000.0)
+        return {k: sorted(v) for k, v in out.items()}
+
     def observed_partitions(self, asset: str) -> set[str]:
         """Partition keys of a source asset that have at least one observation."""
         data = self.gql(ASSET_OBSERVATIONS, {"assetKey": {"path": [asset]}})
@@ -427,9 +436,18 @@ class DagsterDev:
         data = self.gql(START_SENSOR, {"sensorSelector": {**self.repo_selector, "sensorName": name}})
         self._ok(data["startSensor"], "Sensor")
 
-    def stop_sensor(self, name: str) -> None:
-        data = self.gql(STOP_SENSOR, {"id": self._sensor(name)["sensorState"]["id"]})
-        self._ok(data["stopSensor"], "StopSensorMutationResult")
+    def stop_sensor(self, name: str, settle: float = 8.0, timeout: float = 90) -> None:
+        """Stop a sensor and wait until it stays stopped for ``settle`` seconds: a daemon tick in
+        flight when the mutation lands writes its state back and can undo the stop."""
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.gql(STOP_SENSOR, {"id": self._sensor(name)["sensorState"]["id"]})
+            self._ok(data["stopSensor"], "StopSensorMutationResult")
+            time.sleep(settle)
+            if self.sensor_state(name) == "STOPPED":
+                return
+            if time.monotonic() > deadline:
+                raise E2EError(f"sensor {name} does not stay stopped\n{self.log_tail()}")
 
 
 def _group_alive(pgid: int) -> bool:

@@ -49,7 +49,7 @@ def test_raw_files_are_observed_without_any_action(dev: DagsterDev) -> None:
 
 def test_feature_backfill_runs_one_run_per_partition(dev: DagsterDev) -> None:
     bid = dev.launch_job_backfill("build_features", KEYS)
-    b = dev.wait_backfill(bid, 240)
+    b = dev.wait_backfill(bid, 600)
     assert b["status"] == "COMPLETED_SUCCESS", b
     assert len(b["runs"]) == len(KEYS)
     assert sorted(tags_of(r)["dagster/partition"] for r in b["runs"]) == KEYS
@@ -62,7 +62,7 @@ def test_feature_backfill_runs_one_run_per_partition(dev: DagsterDev) -> None:
 def test_fold_backfill_from_the_jobs_page_trains_every_fold_in_one_run(dev: DagsterDev) -> None:
     before = dev.materialized_partitions("trained_model")
     bid = dev.launch_job_backfill("train_models", FOLDS)
-    b = dev.wait_backfill(bid, 240)
+    b = dev.wait_backfill(bid, 600)
     assert b["status"] == "COMPLETED_SUCCESS", b
     assert len(b["runs"]) == 1, b["runs"]
     tags = tags_of(b["runs"][0])
@@ -82,7 +82,7 @@ def test_fold_backfill_from_the_jobs_page_trains_every_fold_in_one_run(dev: Dags
 def test_fold_backfill_from_the_asset_page_trains_every_fold_in_one_run(dev: DagsterDev) -> None:
     before = dev.materialized_partitions("trained_model")
     bid = dev.launch_asset_backfill(["trained_model"], FOLDS)
-    b = dev.wait_backfill(bid, 240)
+    b = dev.wait_backfill(bid, 600)
     assert b["status"] == "COMPLETED_SUCCESS", b
     assert len(b["runs"]) == 1, b["runs"]
     after = dev.materialized_partitions("trained_model")
@@ -115,7 +115,7 @@ def test_a_new_quarter_is_built_trained_and_reported_by_itself(dev: DagsterDev, 
     dev.start_sensor(AUTOMATION)
     n_before = len(dev.runs())
     drop_quarter(staging, dev.data_root, "2025-Q1")
-    wait_for_fold_and_report(dev, ["2025-01|ES.FUT"], 240)
+    wait_for_fold_and_report(dev, ["2025-01|ES.FUT"], 600)
     fx = dev.materialized_partitions("fxcache")
     assert fx["2025-01|ES.FUT"] == 1
     assert all(fx[k] == 1 for k in KEYS), fx  # old quarters were not rebuilt
@@ -126,9 +126,16 @@ def test_a_new_quarter_is_built_trained_and_reported_by_itself(dev: DagsterDev, 
 def test_two_quarters_landing_together_are_built_in_order(dev: DagsterDev, staging: Path) -> None:
     drop_quarter(staging, dev.data_root, "2025-Q2")
     drop_quarter(staging, dev.data_root, "2025-Q3")
-    wait_for_fold_and_report(dev, ["2025-04|ES.FUT", "2025-07|ES.FUT"], 300)
+    wait_for_fold_and_report(dev, ["2025-04|ES.FUT", "2025-07|ES.FUT"], 900)
     fx = dev.materialized_partitions("fxcache")
     assert fx["2025-04|ES.FUT"] == 1 and fx["2025-07|ES.FUT"] == 1, fx
+    # in order: the later quarter's features were computed after the earlier quarter's bars
+    bars = dev.materialization_times("bars")
+    feats = dev.materialization_times("bar_features")
+    assert feats["2025-07|ES.FUT"][0] > bars["2025-04|ES.FUT"][0]
+    assert dev.materialization_times("trained_model")["2025-07|ES.FUT"][0] > max(
+        dev.materialization_times("fxcache")["2025-04|ES.FUT"]
+    )
     no_failed_runs(dev)
 
 
