@@ -15,6 +15,7 @@ import dagster as dg
 import numpy as np
 
 from fx_assets.assets.common import StageIO, keyed_result, start_stage, summary_table
+from fx_assets.automation import CHAIN
 from fx_assets.core import lineage
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import FeatureTable, validate_features
@@ -72,6 +73,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[roll_calendar, predecoded_trades],
         group_name="features",
         code_version=lineage.code_version("bars"),
@@ -143,6 +145,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[dg.AssetDep(bars, partition_mapping=prev)],
         group_name="features",
         code_version=lineage.code_version("bar_features"),
@@ -175,6 +178,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[dg.AssetDep(bars, partition_mapping=prev), predecoded_mbp10],
         group_name="features",
         code_version=lineage.code_version("ofi_features"),
@@ -229,6 +233,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[bars, bar_features, ofi_features],
         group_name="features",
         code_version=lineage.code_version("fxcache"),
