@@ -11,6 +11,10 @@ that evaluates them (``fx_automation``, RUNNING by default).
 - ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold is in
   progress (it reports the folds that exist and names the missing ones).
 
+The feature chain and the folds also wait until every partition of every dependency has passed
+its blocking asset checks (:mod:`fx_assets.assets.checks`): a sidecar that does not match its
+source, bars that lose volume or a failed causality spot-check stop the data from spreading.
+
 An up-to-date partition is never requested again: only new data versions or code versions
 trigger, not an empty cursor (the first evaluation of a fresh sensor requests nothing).
 """
@@ -23,8 +27,21 @@ import dagster as dg
 
 AC = dg.AutomationCondition
 
-EAGER_ALL = AC.eager().without(AC.in_latest_time_window())
-CHAIN = EAGER_ALL.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed())
+#: For automation conditions (``AC.eager() & BLOCKING_CHECKS_PASSED``): every partition of every
+#: dependency has passed its blocking checks, or is requested together with them on this tick.
+#: Dagster's ``AC.all_deps_blocking_checks_passed()`` counts a dependency as passed when *any* of
+#: its mapped partitions passed, so through the previous-quarter mapping of ``bar_features`` /
+#: ``ofi_features`` / ``roll_calendar`` the previous quarter's good partition masks a failed check
+#: of this quarter's (tested in Dagster 1.13.27).
+BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
+    AC.any_checks_match(~(AC.check_passed() | AC.will_be_requested()), blocking_only=True)
+).with_label("all_dep_partitions_passed_blocking_checks")
+
+EAGER = AC.eager().without(AC.in_latest_time_window())
+EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
+CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
+    BLOCKING_CHECKS_PASSED
+)
 REPORT = (
     AC.any_deps_updated().since_last_handled() & ~AC.any_deps_in_progress() & ~AC.in_progress()
 ).with_label("any_fold_updated")

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 
 from fx_assets.assets import features as features_mod
-from fx_assets.assets.checks import BLOCKING_CHECKS_PASSED
 from fx_assets.assets.common import StageIO
+from fx_assets.automation import BLOCKING_CHECKS_PASSED
 from fx_assets.core import sidecar as sidecar_core
 from fx_assets.core import stages as st
 from fx_assets.core import verify
@@ -369,7 +369,7 @@ AC = dg.AutomationCondition
 def test_automation_waits_for_blocking_checks_only_when_asked(built: tuple[Path, dg.Definitions]) -> None:
     """Dagster 1.13.27, on this graph: ``eager()`` requests bar_features[Q2] although the blocking
     check of bars[Q2] failed; so does ``eager() & all_deps_blocking_checks_passed()`` (bars[Q1],
-    also a dependency, passed); ``eager() & checks.BLOCKING_CHECKS_PASSED`` holds it back."""
+    also a dependency, passed); ``eager() & automation.BLOCKING_CHECKS_PASSED`` holds it back."""
     root, defs = built
     eager = AC.eager().without(AC.in_latest_time_window())
     conditions = {

@@ -5,7 +5,7 @@ condition of their own).
 
 Every check is blocking: a failure stops the downstream steps of the same run. Automation does
 not see checks by itself: ``AutomationCondition.eager()`` requests the downstream partitions of a
-failed check; an automation condition must include :data:`BLOCKING_CHECKS_PASSED` to wait for
+failed check; the conditions in :mod:`fx_assets.automation` include its ``BLOCKING_CHECKS_PASSED`` to wait for
 them (Dagster's ``all_deps_blocking_checks_passed()`` is not enough here, see there). Each check
 locates the partition's files by cache key (:class:`fx_assets.assets.common.StageIO`) and calls
 one core function; a core error becomes a failed check whose description names the partition,
@@ -39,18 +39,6 @@ from fx_assets.core.stages import read_table, roll_calendar_from_table
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
-
-AC = dg.AutomationCondition
-
-#: For automation conditions (``AC.eager() & BLOCKING_CHECKS_PASSED``): every partition of every
-#: dependency has passed its blocking checks, or is requested together with them on this tick.
-#: Dagster's ``AC.all_deps_blocking_checks_passed()`` counts a dependency as passed when *any* of
-#: its mapped partitions passed, so through the previous-quarter mapping of ``bar_features`` /
-#: ``ofi_features`` / ``roll_calendar`` the previous quarter's good partition masks a failed check
-#: of this quarter's (tested in Dagster 1.13.27).
-BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
-    AC.any_checks_match(~(AC.check_passed() | AC.will_be_requested()), blocking_only=True)
-).with_label("all_dep_partitions_passed_blocking_checks")
 
 
 class CausalSpotCheckConfig(dg.Config, CausalityConfig):
@@ -266,4 +254,4 @@ class _Skipped(Exception):
     """The causality spot-check found no bar it can check in this partition."""
 
 
-__all__ = ["BLOCKING_CHECKS_PASSED", "CausalSpotCheckConfig", "make_asset_checks"]
+__all__ = ["CausalSpotCheckConfig", "make_asset_checks"]
