@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)
 # Demo market: small enough to finish in a few minutes on 2 cores.
 DEMO_ENV := FX_DATA_ROOT=$(CURDIR)/data FX_SYMBOLS=ES.FUT FX_FIRST_QUARTER=2024-Q1 FX_LAST_QUARTER=2024-Q4
 
-.PHONY: install demo test test-slow test-all ui bench lint typecheck validate clean
+.PHONY: install demo test test-slow test-all test-e2e ui bench lint typecheck validate clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ test: install
 # Tests marked slow (end-to-end honesty on a larger synthetic market).
 test-slow: install
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not gpu and not postgres and not browser"
+
+# Through a running Dagster: dagster dev (webserver + daemon) on 127.0.0.1, driven by GraphQL.
+test-e2e: install
+	$(PY) -m pytest -q -p no:xdist -m "e2e and not browser and not postgres" fx_assets_tests/e2e
 
 # Everything that runs on a CPU machine.
 test-all: install
