@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fx_assets_tests.e2e.harness import REPO, DagsterDev
+from fx_assets_tests.e2e.phases import Phases
 
 pytestmark = pytest.mark.browser
 
@@ -101,9 +102,11 @@ def build_for_the_report(dev: DagsterDev) -> None:
 def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, chromium) -> None:
     from playwright.sync_api import expect
 
+    phase = Phases()
     for old in SHOTS.glob("*.png"):
         old.unlink()
     dev: DagsterDev = dagster_dev_factory(quarters="2024-Q1:2024-Q2", train_quarters=1)
+    phase("start")
     page = chromium.new_page(viewport={"width": 1600, "height": 1000})
     page.set_default_timeout(UI_TIMEOUT_MS)
     repo = f"{dev.repository}@{dev.location}"
@@ -124,6 +127,7 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
         assert all(any(drawn(lbl, n) for lbl in labels) for n in names), (g, labels, names)
         expect(page.get_by_text("Loading…")).to_have_count(0)  # statuses filled in before the picture
         shot(page, f"{i:02d}-group-{g}")
+    phase("graph")
 
     # 2. Materialize one partition by clicking: asset page -> Materialize -> pick the quarter and
     #    the symbol -> "Launch 1 run"; then the run's page until it says Success.
@@ -148,9 +152,11 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
     expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=180_000)
     shot(page, "07-run-success")
     assert dev.materialized_partitions("predecoded_trades").get(PARTITION, 0) >= 1
+    phase("click to materialize")
 
     # 3. The report's equity picture: its metadata row opens the picture, which really loads.
     build_for_the_report(dev)
+    phase("build for the report")
     page.goto(f"{dev.url}/assets/trained_model", wait_until="networkidle")
     folds = page.get_by_role("row").filter(has=page.get_by_text("folds", exact=True)).locator("table")
     expect(folds).to_be_visible()
@@ -167,3 +173,5 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
     assert width > 300 and height > 100 and alt == "ES.FUT walk-forward"
     shot(page, "09-report-equity")
     page.close()
+    phase("report pages")
+    phase.report()

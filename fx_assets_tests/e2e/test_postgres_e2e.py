@@ -6,8 +6,6 @@ and materializations intact and a new run recorded after it."""
 from __future__ import annotations
 
 import os
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 
 from fx_assets_tests.e2e.harness import DagsterDev, tags_of
+from fx_assets_tests.e2e.phases import Phases
 
 pytestmark = pytest.mark.postgres
 
@@ -79,22 +78,6 @@ def wait_run(dev: DagsterDev, run_id: str, timeout: float = 240) -> dict:
     run = wait_until(done, timeout, f"run {run_id}", 1.0, dev.log_tail)
     assert run["status"] == "SUCCESS", (run, dev.log_tail())
     return run
-
-
-class Phases:
-    """Wall time per phase, printed at the end (pytest -s shows it): where e2e time goes."""
-
-    def __init__(self) -> None:
-        self.t = time.monotonic()
-        self.rows: list[tuple[str, float]] = []
-
-    def __call__(self, name: str) -> None:
-        now = time.monotonic()
-        self.rows.append((name, now - self.t))
-        self.t = now
-
-    def report(self) -> None:
-        print("\n" + ", ".join(f"{n} {s:.0f}s" for n, s in self.rows), file=sys.stderr)
 
 
 def history(dev: DagsterDev) -> dict[str, tuple[str, str]]:
