@@ -21,7 +21,9 @@
     fold_ranges ──► trained_model ──► walk_forward_report
 
 Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
-file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`).
+file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`). The quarter dimension has no fixed
+end: it runs to the last complete quarter, and a quarter becomes buildable once its raw files
+are observed (:mod:`fx_assets.sensors`, :mod:`fx_assets.automation`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
 from fx_assets.assets.training import GPU_TAGS, make_training_assets
-from fx_assets.partitions import fold_window_mapping, quarter_symbol_partitions, training_partitions
+from fx_assets.automation import automation_sensor
+from fx_assets.partitions import (
+    fold_window_mapping,
+    parse_partition_key,
+    quarter_symbol_partitions,
+    training_partitions,
+)
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 from fx_assets.resources.training import DeviceFxCacheLoader, default_training
@@ -46,6 +54,9 @@ from fx_assets.settings import ProjectSettings, load_settings
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
+
+#: Tag of build_features runs (dagster.yaml limits them to one per symbol at a time).
+FEATURE_SYMBOL_TAG = "fx/features_symbol"
 
 #: The per-partition stages from raw file to fxcache, in order (the ``build_features`` job).
 FEATURE_STAGES = (
@@ -84,6 +95,13 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     build_features = dg.define_asset_job(
         "build_features",
         selection=dg.AssetSelection.assets(*feature_assets),
+        # Each run is tagged with its symbol, so that dagster.yaml can run one symbol's quarters
+        # of a job backfill one at a time, in order (a quarter warms up from the previous one).
+        config=dg.PartitionedConfig(
+            partitions_def=partitions,
+            run_config_for_partition_key_fn=lambda _key: {},
+            tags_for_partition_key_fn=lambda key: {FEATURE_SYMBOL_TAG: parse_partition_key(key).symbol},
+        ),
         description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
     )
     storage = FxStorage(root=str(settings.data_root))
@@ -120,8 +138,18 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 description="Stitch every trained fold's out-of-sample results.",
             )
         )
-    sensors = make_sensors(partitions, train_parts, settings.train_quarters, storage)
-    return dg.Definitions(assets=assets, jobs=jobs, resources=resources, sensors=sensors)
+    sensors = [*make_sensors(partitions, settings.symbols, storage), automation_sensor()]
+    # Every run executes in one process unless its job says otherwise: a fold backfill (job or
+    # asset page) then trains every fold with one device loader, and a partition's stages skip a
+    # process start each (seconds per step, more than a stage takes). Partitions run in parallel
+    # as separate runs, within dagster.yaml's limits.
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        resources=resources,
+        sensors=sensors,
+        executor=dg.in_process_executor,
+    )
 
 
 defs = build_definitions(load_settings())

@@ -8,6 +8,7 @@ because only a time-window dimension gives a "previous quarter" mapping; people 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import dagster as dg
@@ -19,6 +20,7 @@ QUARTER_DIM = "quarter"
 SYMBOL_DIM = "symbol"
 QUARTER_CRON = "0 0 1 1,4,7,10 *"
 QUARTER_FMT = "%Y-%m"
+PARTITION_TAG = "dagster/partition"
 
 
 def quarter_partitions(settings: ProjectSettings) -> dg.TimeWindowPartitionsDefinition:
@@ -40,6 +42,20 @@ def quarter_symbol_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDe
     )
 
 
+class FoldPartitionsDefinition(dg.MultiPartitionsDefinition):
+    """The training assets' quarter × symbol partitions, tagging a run with its key only.
+
+    A job backfill of ``train_models`` copies the first partition's tags into every range run
+    and Dagster reads the per-dimension tags (``dagster/partition/quarter`` …) before the range
+    tags, so each run trained only its first fold while reporting success (dagster-io/dagster
+    #28861). Without the per-dimension tags the range tags decide, and the backfill trains
+    every requested fold. Single-partition runs still carry ``dagster/partition``.
+    """
+
+    def get_tags_for_partition_key(self, partition_key: str) -> Mapping[str, str]:
+        return {PARTITION_TAG: str(self.get_partition_key_from_str(partition_key))}
+
+
 def training_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDefinition | None:
     """Validation quarters: the first one has ``train_quarters`` quarters of data before it.
     None when the configured range is too short for a single fold."""
@@ -49,7 +65,12 @@ def training_partitions(settings: ProjectSettings) -> dg.MultiPartitionsDefiniti
     if settings.last_quarter is not None and first > settings.last_quarter:
         return None
     shifted = settings.model_copy(update={"first_quarter": first})
-    return quarter_symbol_partitions(shifted)
+    return FoldPartitionsDefinition(
+        {
+            QUARTER_DIM: quarter_partitions(shifted),
+            SYMBOL_DIM: dg.StaticPartitionsDefinition(list(settings.symbols)),
+        }
+    )
 
 
 def fold_window_mapping(train_quarters: int) -> dg.MultiPartitionMapping:

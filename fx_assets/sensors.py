@@ -1,91 +1,81 @@
-"""Sensors: build features when a quarter's raw files land or change, retrain when an fxcache does.
+"""``raw_files_sensor``: observe the raw sources whenever the raw folders change.
 
-- ``raw_data_sensor`` watches ``raw/{trades,mbp-10}/SYMBOL/`` for every partition of the
-  feature assets. When both files of a partition exist and their identity (size, mtime) differs
-  from the cursor, it requests a ``build_features`` run for that partition. A quarter's features
-  warm up from the previous quarter's bars, so per symbol it requests only the earliest pending
-  quarter per tick; the next one follows on a later tick, once its predecessor is done.
-- ``retrain_sensor`` fires on each new ``fxcache`` materialization and requests ``train_models``
-  runs for the folds whose window contains that quarter (the fold validated on it and the ones
-  that train on it), so a backfilled quarter adds its fold and refreshes the folds after it.
+Declarative automation (:mod:`fx_assets.automation`) propagates new data from the raw
+observations down to the report; what no condition can see is a file appearing on disk, so
+this sensor watches ``raw/{trades,mbp-10}/SYMBOL/`` (names, sizes, mtimes) and the set of
+quarter partitions (it grows with the clock). When that listing differs from the one at its
+last request it launches an ``observe_raw`` run, and one more at the next tick to confirm: the
+observation reports a file only once it is unchanged between two observations
+(:mod:`fx_assets.assets.raw`). The cursor holds the listing digest, so an unchanged folder
+launches nothing, and switching the sensor on after a demo launches one observation that finds
+the same data versions (nothing downstream is requested).
 """
 
+from __future__ import annotations
+
+import hashlib
 import json
+from pathlib import Path
 
 import dagster as dg
 
-from fx_assets.assets.raw import file_identity
-from fx_assets.core.calendar import next_quarter
-from fx_assets.partitions import parse_partition_key, partition_key
+from fx_assets.assets.raw import SCHEMAS
+from fx_assets.automation import interval_seconds
 from fx_assets.resources.storage import FxStorage
+
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def raw_listing(root: Path, symbols: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime_ns) of every raw archive of the configured symbols."""
+    out = []
+    for schema in SCHEMAS:
+        for symbol in symbols:
+            folder = root / "raw" / schema / symbol
+            if not folder.is_dir():
+                continue
+            for f in sorted(folder.glob("*.dbn.zst")):
+                try:
+                    st = f.stat()
+                except FileNotFoundError:
+                    continue
+                out.append((str(f.relative_to(root)), st.st_size, st.st_mtime_ns))
+    return out
 
 
 def make_sensors(
-    partitions_def: dg.MultiPartitionsDefinition,
-    training_partitions: dg.MultiPartitionsDefinition | None,
-    train_quarters: int,
-    storage: FxStorage,
+    partitions_def: dg.MultiPartitionsDefinition, symbols: tuple[str, ...], storage: FxStorage
 ) -> list[dg.SensorDefinition]:
     @dg.sensor(
-        name="raw_data_sensor",
-        job_name="build_features",
-        minimum_interval_seconds=60,
-        description="Requests build_features for a partition when its raw trades and MBP-10 files appear or change.",
+        name="raw_files_sensor",
+        job_name="observe_raw",
+        minimum_interval_seconds=interval_seconds("FX_RAW_POLL_S", 30),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Observes raw_trades and raw_mbp10 when files in the raw folders appear or change.",
     )
-    def raw_data_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
-        pending: dict[str, list[tuple[str, str]]] = {}
-        for key in sorted(
-            partitions_def.get_partition_keys(dynamic_partitions_store=context.instance), key=str
-        ):
-            part = parse_partition_key(key)
-            files = [storage.raw_file(s, part.symbol, part.quarter) for s in ("trades", "mbp-10")]
-            if not all(f.is_file() for f in files):
-                continue
-            ident = "+".join(file_identity(f) for f in files)
-            if seen.get(str(key)) != ident:
-                pending.setdefault(part.symbol, []).append((str(key), ident))
-        if not pending:
-            return dg.SkipReason("no new or changed raw files")
-        requests = []
-        for symbol, items in pending.items():
-            first, first_ident = items[0]  # earliest quarter first: the next one warms up from it
-            seen[first] = first_ident
-            requests.append(dg.RunRequest(partition_key=first, run_key=f"{first}:{first_ident}"))
-            context.log.info(
-                f"{symbol}: requesting build_features for {first} ({len(items) - 1} more pending)"
-            )
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(seen, sort_keys=True))
-
-    sensors = [raw_data_sensor]
-    if training_partitions is not None:
-        train_keys = {str(k) for k in training_partitions.get_partition_keys()}
-
-        @dg.asset_sensor(
-            name="retrain_sensor",
-            asset_key=dg.AssetKey("fxcache"),
-            job_name="train_models",
-            description="Requests train_models for every fold whose window contains a newly materialized fxcache quarter.",
+    def raw_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        keys = [str(k) for k in partitions_def.get_partition_keys(dynamic_partitions_store=context.instance)]
+        listing = raw_listing(storage.layout.root, symbols)
+        digest = hashlib.sha256(json.dumps([keys, listing]).encode()).hexdigest()[:24]
+        if cursor.get("digest") == digest and cursor.get("confirmed"):
+            return dg.SkipReason(f"raw folders unchanged ({len(listing)} files)")
+        confirming = cursor.get("digest") == digest
+        busy = context.instance.get_runs(dg.RunsFilter(job_name="observe_raw", statuses=IN_PROGRESS), limit=1)
+        if busy:
+            # The observation state is per observation: never run two at once.
+            return dg.SkipReason(f"observation {busy[0].run_id} still in progress")
+        context.log.info(
+            f"{'confirming' if confirming else 'raw folders changed'}: observing {len(listing)} files"
         )
-        def retrain_sensor(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry):
-            dagster_event = asset_event.dagster_event
-            pk = dagster_event.partition if dagster_event else None
-            if pk is None:
-                return dg.SkipReason("fxcache materialization without a partition")
-            part = parse_partition_key(pk)
-            q = part.quarter
-            folds = []
-            for _ in range(train_quarters + 1):
-                key = str(partition_key(q, part.symbol))
-                if key in train_keys:
-                    folds.append(key)
-                q = next_quarter(q)
-            if not folds:
-                return dg.SkipReason(f"{part.label}: no fold uses this quarter yet")
-            return [
-                dg.RunRequest(partition_key=k, run_key=f"{k}:{asset_event.run_id}:{asset_event.timestamp}")
-                for k in folds
-            ]
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"{digest}:{'confirm' if confirming else 'seen'}")],
+            cursor=json.dumps({"digest": digest, "confirmed": confirming}),
+        )
 
-        sensors.append(retrain_sensor)
-    return sensors
+    return [raw_files_sensor]

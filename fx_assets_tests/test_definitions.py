@@ -90,3 +90,27 @@ def test_dagster_cli_validates_workspace(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_automation_is_on_by_default_and_covers_every_derived_asset(tmp_path: Path) -> None:
+    defs = build_definitions(settings(tmp_path))
+    sensors = {s.name: s for s in defs.sensors or []}
+    assert set(sensors) == {"raw_files_sensor", "fx_automation"}
+    assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
+    graph = defs.resolve_asset_graph()
+    for key in EXPECTED - {"raw_trades", "raw_mbp10"}:
+        assert graph.get(dg.AssetKey(key)).automation_condition is not None, key
+    # the GPU limit applies to asset-backfill and automation runs too: a pool, not a job tag
+    assert graph.get(dg.AssetKey("trained_model")).pools == {"gpu"}
+    yaml_text = (REPO / "dagster.yaml").read_text()
+    assert "default_limit: 1" in yaml_text and "key: fx/gpu" in yaml_text
+
+
+def test_quarters_have_no_fixed_end_by_default(tmp_path: Path) -> None:
+    defs = build_definitions(settings(tmp_path, last_quarter=None, symbols=("ES.FUT",)))
+    graph = defs.resolve_asset_graph()
+    parts = graph.get(dg.AssetKey("fxcache")).partitions_def
+    assert parts is not None
+    keys = [str(k) for k in parts.get_partition_keys()]
+    # runs to the last complete quarter as of now (the clock decides, no configuration)
+    assert keys[0] == "2024-01|ES.FUT" and len(keys) >= 4

@@ -58,3 +58,28 @@ def test_previous_quarter_mapping() -> None:
         parts.subset_with_partition_keys([first]), parts, parts
     )
     assert sorted(str(k) for k in result.partitions_subset.get_partition_keys()) == ["2024-01|ES.FUT"]
+
+
+def test_fold_runs_carry_no_per_dimension_partition_tags(tmp_path: Path) -> None:
+    """A job backfill copies the first partition's tags into each range run, and Dagster reads
+    ``dagster/partition/<dim>`` before the range tags (dagster-io/dagster#28861): the training
+    partitions must not produce them, or a K-fold backfill trains one fold."""
+    from fx_assets.definitions import build_definitions
+    from fx_assets.partitions import training_partitions
+
+    s = settings(data_root=tmp_path, symbols=("ES.FUT",))
+    parts = training_partitions(s)
+    assert parts is not None
+    job = build_definitions(s).resolve_job_def("train_models")
+    for key in ("2024-07|ES.FUT", "2024-10|ES.FUT"):
+        tags = job.get_tags_for_partition_key(key, None)
+        assert not [t for t in tags if t.startswith("dagster/partition/")], tags
+        assert tags["dagster/partition"] == key
+    assert [str(k) for k in parts.get_partition_keys()] == ["2024-07|ES.FUT", "2024-10|ES.FUT"]
+
+
+def test_quarters_grow_with_the_clock_without_configuration() -> None:
+    parts = quarter_symbol_partitions(settings(last_quarter=None, symbols=("ES.FUT",)))
+    before = parts.get_partition_keys(current_time=dt.datetime(2025, 3, 31, tzinfo=dt.UTC))
+    after = parts.get_partition_keys(current_time=dt.datetime(2025, 4, 1, tzinfo=dt.UTC))
+    assert [str(k) for k in after] == [*map(str, before), "2025-01|ES.FUT"]

@@ -1,60 +1,164 @@
-"""Sensors: new raw quarters request feature runs in order; a new fxcache requests its folds."""
+"""Raw observation (stable files only, both schemas), the raw-folder sensor, and declarative
+automation: a new quarter requests exactly its own chain, then its fold, then the report."""
 
 import datetime as dt
+import json
 import os
-import shutil
 from pathlib import Path
 
 import dagster as dg
 
+from fx_assets.assets.raw import observe_raw_files
 from fx_assets.definitions import build_definitions
+from fx_assets.resources.storage import FxStorage
 from fx_assets.settings import ProjectSettings
 
+KEYS = ["2024-01|ES.FUT", "2024-04|ES.FUT", "2024-07|ES.FUT", "2024-10|ES.FUT"]
 
-def defs_for(root: Path) -> dg.Definitions:
-    return build_definitions(
-        ProjectSettings(
-            data_root=root,
-            first_quarter=dt.date(2024, 1, 1),
-            last_quarter=dt.date(2024, 10, 1),
-            train_quarters=1,
-        )
+
+def settings(root: Path) -> ProjectSettings:
+    return ProjectSettings(
+        data_root=root, first_quarter=dt.date(2024, 1, 1), last_quarter=dt.date(2024, 10, 1), train_quarters=1
     )
 
 
-def test_raw_data_sensor_requests_earliest_pending_quarter(market3: Path, tmp_path: Path) -> None:
-    root = tmp_path / "data"
-    shutil.copytree(market3 / "raw", root / "raw")
-    defs = defs_for(root)
-    sensor = defs.resolve_sensor_def("raw_data_sensor")
-    with dg.instance_for_test() as inst:
-        cursor = None
-        got = []
-        for _ in range(4):
-            ctx = dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs)
-            res = sensor(ctx)
-            if isinstance(res, dg.SkipReason):
-                break
-            got += [r.partition_key for r in res.run_requests]
-            cursor = res.cursor
-        assert got == ["2024-01|ES.FUT", "2024-04|ES.FUT", "2024-07|ES.FUT"]
-        ctx = dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs)
-        assert isinstance(sensor(ctx), dg.SkipReason)
-        # a replaced file is requested again
-        f = root / "raw/trades/ES.FUT/ES.FUT_2024-Q2.dbn.zst"
-        st = f.stat()
-        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-        res = sensor(dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs))
-        assert [r.partition_key for r in res.run_requests] == ["2024-04|ES.FUT"]
+def write(root: Path, schema: str, label: str, data: bytes) -> Path:
+    p = root / "raw" / schema / "ES.FUT" / f"ES.FUT_{label}.dbn.zst"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
 
 
-def test_retrain_sensor_targets_folds_using_the_quarter(tmp_path: Path) -> None:
-    defs = defs_for(tmp_path)
-    sensor = defs.resolve_sensor_def("retrain_sensor")
+def test_observation_reports_only_stable_partitions_with_both_files(tmp_path: Path) -> None:
+    storage = FxStorage(root=str(tmp_path))
+    write(tmp_path, "trades", "2024-Q1", b"t1")
+    write(tmp_path, "mbp-10", "2024-Q1", b"b1")
+    write(tmp_path, "trades", "2024-Q2", b"t2")  # no book file yet
+    first = observe_raw_files(storage, "trades", KEYS, {})
+    assert first.versions == {} and first.pending == ["2024-Q1|ES.FUT"]
+    assert first.incomplete == ["2024-Q2|ES.FUT"]
+    second = observe_raw_files(storage, "trades", KEYS, first.state)
+    assert set(second.versions) == {"2024-01|ES.FUT"} and second.pending == []
+    # still being written: its size changes between observations, so it is not reported
+    growing = write(tmp_path, "mbp-10", "2024-Q2", b"b")
+    third = observe_raw_files(storage, "trades", KEYS, second.state)
+    growing.write_bytes(b"b2-longer")
+    fourth = observe_raw_files(storage, "trades", KEYS, third.state)
+    assert "2024-04|ES.FUT" not in fourth.versions and fourth.pending == ["2024-Q2|ES.FUT"]
+    fifth = observe_raw_files(storage, "trades", KEYS, fourth.state)
+    assert set(fifth.versions) == {"2024-01|ES.FUT", "2024-04|ES.FUT"}
+    # a replaced file gets a new version once stable; the other partition's is unchanged
+    f = tmp_path / "raw/trades/ES.FUT/ES.FUT_2024-Q1.dbn.zst"
+    f.write_bytes(b"t1-new")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    sixth = observe_raw_files(
+        storage, "trades", KEYS, observe_raw_files(storage, "trades", KEYS, fifth.state).state
+    )
+    assert sixth.versions["2024-01|ES.FUT"] != fifth.versions["2024-01|ES.FUT"]
+    assert sixth.versions["2024-04|ES.FUT"] == fifth.versions["2024-04|ES.FUT"]
+
+
+def test_raw_files_sensor_observes_on_change_and_confirms_once(tmp_path: Path) -> None:
+    defs = build_definitions(settings(tmp_path))
+    sensor = defs.resolve_sensor_def("raw_files_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     with dg.instance_for_test() as inst:
-        inst.report_runless_asset_event(
-            dg.AssetMaterialization(asset_key="fxcache", partition="2024-04|ES.FUT")
+
+        def tick(cursor):
+            return sensor.evaluate_tick(
+                dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs)
+            )
+
+        r1 = tick(None)  # first tick: one observation (finds the demo's versions unchanged)
+        assert len(r1.run_requests) == 1
+        r2 = tick(r1.cursor)  # confirmation
+        assert len(r2.run_requests) == 1 and r2.run_requests[0].run_key != r1.run_requests[0].run_key
+        r3 = tick(r2.cursor)
+        assert r3.run_requests == [] and r3.skip_message
+        write(tmp_path, "trades", "2024-Q1", b"t1")
+        r4 = tick(r3.cursor)
+        assert len(r4.run_requests) == 1
+        assert json.loads(r4.cursor)["confirmed"] is False
+
+
+def observe(inst: dg.DagsterInstance, versions: dict[str, str]) -> None:
+    for asset in ("raw_trades", "raw_mbp10"):
+        for key, v in versions.items():
+            inst.report_runless_asset_event(
+                dg.AssetObservation(asset_key=asset, partition=key, tags={"dagster/data_version": v})
+            )
+
+
+def materialize(inst: dg.DagsterInstance, requested: dict[str, set[str]]) -> None:
+    for asset, keys in requested.items():
+        for key in keys or {None}:
+            inst.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=key))
+
+
+def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path: Path) -> None:
+    defs = build_definitions(settings(tmp_path))
+    graph = defs.resolve_asset_graph()
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
+
+    def tick(inst, cursor):
+        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
+        req = {
+            k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
+            for k in keys
+            if r.get_num_requested(k)
+        }
+        return r, req
+
+    chain = [
+        "predecoded_trades",
+        "predecoded_mbp10",
+        "roll_calendar",
+        "bars",
+        "bar_features",
+        "ofi_features",
+        "fxcache",
+    ]
+    with dg.instance_for_test() as inst:
+        observe(inst, {k: "v1" for k in KEYS[:3]})
+        materialize(inst, {a: set(KEYS[:3]) for a in chain})
+        materialize(
+            inst,
+            {"fold_ranges": set(KEYS[1:3]), "trained_model": set(KEYS[1:3]), "walk_forward_report": set()},
         )
-        res = sensor.evaluate_tick(dg.build_sensor_context(instance=inst, definitions=defs))
-        # 2024-Q2 is validated by fold 2024-Q2 and trains fold 2024-Q3 (train_quarters=1).
-        assert sorted(r.partition_key for r in res.run_requests) == ["2024-04|ES.FUT", "2024-07|ES.FUT"]
+        r, req = tick(inst, None)
+        assert req == {}  # everything up to date: the first evaluation requests nothing
+        observe(inst, {k: "v1" for k in KEYS[:3]})  # re-observed, unchanged
+        r, req = tick(inst, r.cursor)
+        assert req == {}
+        observe(inst, {KEYS[3]: "v1"})  # 2024-Q4 lands
+        seen: list[dict[str, set[str]]] = []
+        for _ in range(8):
+            r, req = tick(inst, r.cursor)
+            if not req:
+                break
+            seen.append(req)
+            materialize(inst, req)
+        flat = {
+            a: set().union(*(s.get(a, set()) for s in seen)) for a in [*chain, "trained_model", "fold_ranges"]
+        }
+        assert all(flat[a] == {KEYS[3]} for a in chain), seen
+        assert flat["trained_model"] == {KEYS[3]} and flat["fold_ranges"] == {KEYS[3]}, seen
+        assert "walk_forward_report" in seen[-1] and "trained_model" in seen[-2], seen
+        # the first stage group, then the rest: nothing is requested before its inputs exist
+        assert set(seen[0]) == {"predecoded_trades", "predecoded_mbp10"}, seen
+        # a changed old file rebuilds its own chain and the folds whose window holds it
+        observe(inst, {KEYS[1]: "v2"})
+        seen = []
+        for _ in range(8):
+            r, req = tick(inst, r.cursor)
+            if not req:
+                break
+            seen.append(req)
+            materialize(inst, req)
+        fx = set().union(*(s.get("fxcache", set()) for s in seen))
+        folds = set().union(*(s.get("trained_model", set()) for s in seen))
+        # the next quarter's roll calendar reads this quarter's trades, and the one after warms
+        # its features up from those bars: the change reaches exactly the declared dependents
+        assert fx == set(KEYS[1:]) and folds == set(KEYS[1:]), seen
+        assert set().union(*(s.get("predecoded_trades", set()) for s in seen)) == {KEYS[1]}, seen

@@ -13,6 +13,7 @@ import dagster as dg
 import numpy as np
 
 from fx_assets.assets.common import StageIO, keyed_result, start_stage, summary_table
+from fx_assets.automation import CHAIN
 from fx_assets.core import lineage
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import FeatureTable, max_window, validate_features
@@ -80,6 +81,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[roll_calendar, predecoded_trades],
         group_name="features",
         code_version=lineage.CODE_VERSIONS["bars"],
@@ -151,6 +153,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[dg.AssetDep(bars, partition_mapping=prev)],
         group_name="features",
         code_version=lineage.CODE_VERSIONS["bar_features"],
@@ -183,6 +186,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[dg.AssetDep(bars, partition_mapping=prev), predecoded_mbp10],
         group_name="features",
         code_version=lineage.CODE_VERSIONS["ofi_features"],
@@ -237,6 +241,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[bars, bar_features, ofi_features],
         group_name="features",
         code_version=lineage.CODE_VERSIONS["fxcache"],

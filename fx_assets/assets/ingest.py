@@ -14,6 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from fx_assets.assets.common import keyed_result, require_sidecar, start_stage
+from fx_assets.automation import CHAIN
 from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
@@ -39,10 +40,10 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
     @dg.asset(
         name=name,
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[raw_asset.key],
         group_name="ingest",
         code_version=SIDECAR_CODE_VERSION,
-        pool="decode",
         kinds={"arrow"},
         description=(
             f"The raw {schema} archive decoded once into an uncompressed Arrow IPC sidecar "
@@ -83,6 +84,7 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
 
     @dg.asset(
         partitions_def=partitions_def,
+        automation_condition=CHAIN,
         deps=[dg.AssetDep(predecoded_trades, partition_mapping=previous_quarter_mapping())],
         group_name="ingest",
         code_version=lineage.CODE_VERSIONS["roll_calendar"],

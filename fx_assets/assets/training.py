@@ -19,6 +19,7 @@ import dagster as dg
 import numpy as np
 
 from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
+from fx_assets.automation import EAGER_ALL, REPORT
 from fx_assets.core import lineage
 from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
@@ -93,6 +94,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
 
     @dg.asset(
         partitions_def=training_partitions,
+        automation_condition=EAGER_ALL,
         deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping)],
         group_name="training",
         code_version=lineage.CODE_VERSIONS["fold_ranges"],
@@ -166,6 +168,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
 
     @dg.asset(
         partitions_def=training_partitions,
+        automation_condition=EAGER_ALL,
         ins={
             "fxcache": dg.AssetIn(
                 key=fxcache.key, partition_mapping=window_mapping, input_manager_key="fxcache_loader"
@@ -176,6 +179,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         code_version=lineage.CODE_VERSIONS["trained_model"],
         backfill_policy=dg.BackfillPolicy.single_run(),
         op_tags=GPU_TAGS,
+        # Asset-backfill and automation runs carry no job tags: the GPU limit is this pool.
+        pool="gpu",
         kinds={"pytorch", "safetensors"},
         description=(
             "One model per fold (MLP baseline or double-DQN agent, by config), trained on the fold's "
@@ -274,6 +279,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
 
     @dg.asset(
         deps=[dg.AssetDep(trained_model, partition_mapping=dg.AllPartitionMapping())],
+        automation_condition=REPORT,
         group_name="training",
         code_version="1",
         kinds={"matplotlib"},

@@ -17,7 +17,8 @@ that Dagster hard-codes at 30 s (the backfill daemon); nothing else is patched.
 Stable API (other e2e suites build on it): ``start_dagster_dev``, ``DagsterDev`` (``url``,
 ``home``, ``data_root``, ``env``, ``location``, ``repository``, ``gql``, ``launch_run``,
 ``launch_asset_backfill``, ``launch_job_backfill``, ``backfill``, ``wait_backfill``, ``runs``,
-``wait_runs_idle``, ``materialized_partitions``, ``sensor_state``, ``restart``, ``stop``,
+``wait_runs_idle``, ``materialized_partitions``, ``materialization_times``, ``observed_partitions``, ``latest_metadata``, ``sensor_state``, ``start_sensor``,
+``stop_sensor``, ``restart``, ``stop``,
 ``log_tail``), ``wait_until``, ``synth_market``, ``drop_quarter``.
 """
 
@@ -391,10 +392,62 @@ class DagsterDev:
             out[k] = out.get(k, 0) + 1
         return out
 
+    def materialization_times(self, asset: str) -> dict[str, list[float]]:
+        """Partition key -> timestamps (s) of its materializations, oldest first."""
+        data = self.gql(ASSET_EVENTS, {"assetKey": {"path": [asset]}})
+        a = data["assetOrError"]
+        out: dict[str, list[float]] = {}
+        for m in a.get("assetMaterializations") or []:
+            out.setdefault(m["partition"] or "", []).append(float(m["timestamp"]) / 1000.0)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def observed_partitions(self, asset: str) -> set[str]:
+        """Partition keys of a source asset that have at least one observation."""
+        data = self.gql(ASSET_OBSERVATIONS, {"assetKey": {"path": [asset]}})
+        a = data["assetOrError"]
+        if a.get("__typename") != "Asset":
+            return set()
+        return {o["partition"] for o in a["assetObservations"] if o["partition"]}
+
+    def latest_metadata(self, asset: str, partition: str | None = None) -> dict[str, Any]:
+        """label -> value of the newest materialization's metadata (ints, floats, text, json)."""
+        data = self.gql(
+            ASSET_METADATA,
+            {"assetKey": {"path": [asset]}, "partitions": [partition] if partition else None},
+        )
+        mats = data["assetOrError"].get("assetMaterializations") or []
+        if not mats:
+            return {}
+        out: dict[str, Any] = {}
+        for e in mats[0]["metadataEntries"]:
+            for k in ("intValue", "floatValue", "text", "jsonString", "mdStr", "boolValue"):
+                if k in e:
+                    out[e["label"]] = e[k]
+        return out
+
     def sensor_state(self, name: str) -> str:
+        return self._sensor(name)["sensorState"]["status"]
+
+    def _sensor(self, name: str) -> dict:
         data = self.gql(SENSOR, {"sensorSelector": {**self.repo_selector, "sensorName": name}})
-        s = self._ok(data["sensorOrError"], "Sensor")
-        return s["sensorState"]["status"]
+        return self._ok(data["sensorOrError"], "Sensor")
+
+    def start_sensor(self, name: str) -> None:
+        data = self.gql(START_SENSOR, {"sensorSelector": {**self.repo_selector, "sensorName": name}})
+        self._ok(data["startSensor"], "Sensor")
+
+    def stop_sensor(self, name: str, settle: float = 8.0, timeout: float = 90) -> None:
+        """Stop a sensor and wait until it stays stopped for ``settle`` seconds: a daemon tick in
+        flight when the mutation lands writes its state back and can undo the stop."""
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.gql(STOP_SENSOR, {"id": self._sensor(name)["sensorState"]["id"]})
+            self._ok(data["stopSensor"], "StopSensorMutationResult")
+            time.sleep(settle)
+            if self.sensor_state(name) == "STOPPED":
+                return
+            if time.monotonic() > deadline:
+                raise E2EError(f"sensor {name} does not stay stopped\n{self.log_tail()}")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -540,11 +593,68 @@ query AssetEvents($assetKey: AssetKeyInput!) { assetOrError(assetKey: $assetKey)
   ... on Asset { assetMaterializations(limit: 1000) { partition runId timestamp } }
 } }"""
 
+ASSET_OBSERVATIONS = """
+query AssetObservations($assetKey: AssetKeyInput!) { assetOrError(assetKey: $assetKey) {
+  __typename
+  ... on Asset { assetObservations(limit: 1000) { partition runId timestamp } }
+} }"""
+
+ASSET_METADATA = """
+query AssetMetadata($assetKey: AssetKeyInput!, $partitions: [String!]) { assetOrError(assetKey: $assetKey) {
+  __typename
+  ... on Asset { assetMaterializations(limit: 1, partitions: $partitions) { partition runId metadataEntries {
+    label
+    ... on IntMetadataEntry { intValue }
+    ... on FloatMetadataEntry { floatValue }
+    ... on TextMetadataEntry { text }
+    ... on BoolMetadataEntry { boolValue }
+    ... on JsonMetadataEntry { jsonString }
+    ... on MarkdownMetadataEntry { mdStr }
+  } } }
+} }"""
+
+ASSET_OBSERVATIONS = """
+query AssetObservations($assetKey: AssetKeyInput!) { assetOrError(assetKey: $assetKey) {
+  __typename
+  ... on Asset { assetObservations(limit: 1000) { partition runId timestamp } }
+} }"""
+
+ASSET_METADATA = """
+query AssetMetadata($assetKey: AssetKeyInput!, $partitions: [String!]) { assetOrError(assetKey: $assetKey) {
+  __typename
+  ... on Asset { assetMaterializations(limit: 1, partitions: $partitions) { partition runId metadataEntries {
+    label
+    ... on IntMetadataEntry { intValue }
+    ... on FloatMetadataEntry { floatValue }
+    ... on TextMetadataEntry { text }
+    ... on BoolMetadataEntry { boolValue }
+    ... on JsonMetadataEntry { jsonString }
+    ... on MarkdownMetadataEntry { mdStr }
+  } } }
+} }"""
+
 SENSOR = """
 query Sensor($sensorSelector: SensorSelector!) { sensorOrError(sensorSelector: $sensorSelector) {
   __typename
+  ... on Sensor { id name sensorState { id selectorId status } }
+  ... on SensorNotFoundError { message }
+  ... on PythonError { message }
+} }"""
+
+START_SENSOR = """
+mutation StartSensor($sensorSelector: SensorSelector!) { startSensor(sensorSelector: $sensorSelector) {
+  __typename
   ... on Sensor { name sensorState { status } }
   ... on SensorNotFoundError { message }
+  ... on UnauthorizedError { message }
+  ... on PythonError { message }
+} }"""
+
+STOP_SENSOR = """
+mutation StopSensor($id: String) { stopSensor(id: $id) {
+  __typename
+  ... on StopSensorMutationResult { instigationState { status } }
+  ... on UnauthorizedError { message }
   ... on PythonError { message }
 } }"""
 

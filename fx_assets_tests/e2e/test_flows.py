@@ -1,0 +1,153 @@
+"""The three ways people use the code location, through a running ``dagster dev`` and GraphQL.
+
+One instance for the module, tests in file order (each builds on the previous): the raw
+folders start with 2024-Q1..Q4 of a tiny ES market; declarative automation is switched off (as
+a person would, in the UI) while the backfills run and switched on for the new-data tests.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from fx_assets_tests.e2e.harness import DagsterDev, drop_quarter, synth_market, tags_of, wait_until
+
+QUARTERS = ["2024-01", "2024-04", "2024-07", "2024-10"]
+KEYS = [f"{q}|ES.FUT" for q in QUARTERS]
+FOLDS = ["2024-07|ES.FUT", "2024-10|ES.FUT"]
+AUTOMATION = "fx_automation"
+
+
+@pytest.fixture(scope="module")
+def dev(e2e_dagster: DagsterDev) -> DagsterDev:
+    e2e_dagster.stop_sensor(AUTOMATION)
+    return e2e_dagster
+
+
+@pytest.fixture(scope="module")
+def staging(tmp_path_factory: pytest.TempPathFactory, e2e_dagster: DagsterDev) -> Path:
+    """2025-Q1..Q3 of the same market, written aside, to be dropped into the raw folders."""
+    root = tmp_path_factory.mktemp("staging")
+    return synth_market(root, "2025-Q1:2025-Q3", env=e2e_dagster.env)
+
+
+def no_failed_runs(dev: DagsterDev) -> list[dict]:
+    runs = dev.runs()
+    failed = [(r["runId"], r["jobName"]) for r in runs if r["status"] != "SUCCESS"]
+    assert not failed, f"runs not successful: {failed}\n{dev.log_tail()}"
+    return runs
+
+
+def test_raw_files_are_observed_without_any_action(dev: DagsterDev) -> None:
+    for asset in ("raw_trades", "raw_mbp10"):
+        wait_until(lambda a=asset: set(KEYS) <= dev.observed_partitions(a), 90, f"{asset} observed")
+    runs = dev.wait_runs_idle(60)
+    assert {r["jobName"] for r in runs} == {"observe_raw"}
+
+
+def test_feature_backfill_runs_one_run_per_partition(dev: DagsterDev) -> None:
+    bid = dev.launch_job_backfill("build_features", KEYS)
+    b = dev.wait_backfill(bid, 600)
+    assert b["status"] == "COMPLETED_SUCCESS", b
+    assert len(b["runs"]) == len(KEYS)
+    assert sorted(tags_of(r)["dagster/partition"] for r in b["runs"]) == KEYS
+    assert all(r["status"] == "SUCCESS" for r in b["runs"])
+    for asset in ("predecoded_trades", "predecoded_mbp10", "bars", "fxcache"):
+        assert set(KEYS) <= set(dev.materialized_partitions(asset)), asset
+    no_failed_runs(dev)
+
+
+def test_fold_backfill_from_the_jobs_page_trains_every_fold_in_one_run(dev: DagsterDev) -> None:
+    before = dev.materialized_partitions("trained_model")
+    bid = dev.launch_job_backfill("train_models", FOLDS)
+    b = dev.wait_backfill(bid, 600)
+    assert b["status"] == "COMPLETED_SUCCESS", b
+    assert len(b["runs"]) == 1, b["runs"]
+    tags = tags_of(b["runs"][0])
+    assert tags["fx/gpu"] == "1"
+    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+        FOLDS[0],
+        FOLDS[-1],
+    )
+    after = dev.materialized_partitions("trained_model")
+    assert all(after.get(k, 0) == before.get(k, 0) + 1 for k in FOLDS), (before, after)
+    meta = dev.latest_metadata("trained_model", FOLDS[-1])
+    # 2 folds over 2024-Q1..Q4 (train_quarters=2): each quarter uploaded once in the run.
+    assert meta["uploads"] == 4, meta
+    no_failed_runs(dev)
+
+
+def test_fold_backfill_from_the_asset_page_trains_every_fold_in_one_run(dev: DagsterDev) -> None:
+    before = dev.materialized_partitions("trained_model")
+    bid = dev.launch_asset_backfill(["trained_model"], FOLDS)
+    b = dev.wait_backfill(bid, 600)
+    assert b["status"] == "COMPLETED_SUCCESS", b
+    assert len(b["runs"]) == 1, b["runs"]
+    after = dev.materialized_partitions("trained_model")
+    assert all(after.get(k, 0) == before.get(k, 0) + 1 for k in FOLDS), (before, after)
+    assert dev.latest_metadata("trained_model", FOLDS[-1])["uploads"] == 4
+    no_failed_runs(dev)
+
+
+def wait_for_fold_and_report(dev: DagsterDev, folds: list[str], timeout: float) -> None:
+    def done() -> bool:
+        have = dev.materialized_partitions("trained_model")
+        if not all(f in have for f in folds):
+            return False
+        fold_runs = {r["runId"]: r for r in dev.runs() if r["status"] == "SUCCESS"}
+        report = dev.gql(
+            'query { assetOrError(assetKey: {path: ["walk_forward_report"]}) {'
+            " ... on Asset { assetMaterializations(limit: 1) { timestamp } } } }"
+        )["assetOrError"]["assetMaterializations"]
+        tm = dev.gql(
+            'query { assetOrError(assetKey: {path: ["trained_model"]}) {'
+            " ... on Asset { assetMaterializations(limit: 1) { timestamp } } } }"
+        )["assetOrError"]["assetMaterializations"]
+        return bool(fold_runs) and bool(report) and float(report[0]["timestamp"]) > float(tm[0]["timestamp"])
+
+    wait_until(done, timeout, f"folds {folds} and a report after them", 2.0, dev.log_tail)
+    dev.wait_runs_idle(120, quiet=8)
+
+
+def test_a_new_quarter_is_built_trained_and_reported_by_itself(dev: DagsterDev, staging: Path) -> None:
+    dev.start_sensor(AUTOMATION)
+    n_before = len(dev.runs())
+    drop_quarter(staging, dev.data_root, "2025-Q1")
+    wait_for_fold_and_report(dev, ["2025-01|ES.FUT"], 600)
+    fx = dev.materialized_partitions("fxcache")
+    assert fx["2025-01|ES.FUT"] == 1
+    assert all(fx[k] == 1 for k in KEYS), fx  # old quarters were not rebuilt
+    runs = no_failed_runs(dev)
+    assert len(runs) > n_before
+
+
+def test_two_quarters_landing_together_are_built_in_order(dev: DagsterDev, staging: Path) -> None:
+    drop_quarter(staging, dev.data_root, "2025-Q2")
+    drop_quarter(staging, dev.data_root, "2025-Q3")
+    wait_for_fold_and_report(dev, ["2025-04|ES.FUT", "2025-07|ES.FUT"], 900)
+    fx = dev.materialized_partitions("fxcache")
+    assert fx["2025-04|ES.FUT"] == 1 and fx["2025-07|ES.FUT"] == 1, fx
+    # in order: the later quarter's features were computed after the earlier quarter's bars
+    bars = dev.materialization_times("bars")
+    feats = dev.materialization_times("bar_features")
+    assert feats["2025-07|ES.FUT"][0] > bars["2025-04|ES.FUT"][0]
+    assert dev.materialization_times("trained_model")["2025-07|ES.FUT"][0] > max(
+        dev.materialization_times("fxcache")["2025-04|ES.FUT"]
+    )
+    no_failed_runs(dev)
+
+
+def test_a_restart_launches_nothing_twice(dev: DagsterDev) -> None:
+    before = {r["runId"] for r in dev.runs()}
+    mats = {a: dev.materialized_partitions(a) for a in ("fxcache", "trained_model")}
+    dev.restart()
+    # Several ticks of every sensor (3 s intervals, 5 s daemon loops in the e2e instance).
+    assert dev.sensor_state(AUTOMATION) == "RUNNING"
+    time.sleep(15)
+    runs = dev.wait_runs_idle(60)
+    new = [(r["jobName"], r["status"]) for r in runs if r["runId"] not in before]
+    assert new == [], new
+    assert {a: dev.materialized_partitions(a) for a in mats} == mats
+    no_failed_runs(dev)
