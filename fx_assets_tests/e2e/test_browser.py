@@ -106,6 +106,7 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
     for old in SHOTS.glob("*.png"):
         old.unlink()
     dev: DagsterDev = dagster_dev_factory(quarters="2024-Q1:2024-Q2", train_quarters=1)
+    dev.stop_sensor("fx_automation")  # this test builds what it shows; automation would race it
     phase("start")
     page = chromium.new_page(viewport={"width": 1600, "height": 1000})
     page.set_default_timeout(UI_TIMEOUT_MS)
@@ -118,6 +119,7 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
     page.goto(f"{dev.url}/asset-groups", wait_until="networkidle")
     for g in groups:
         expect(page.get_by_text(g, exact=True).first).to_be_visible()
+    expect(page.get_by_text("(fetching statuses)")).to_have_count(0)
     shot(page, "01-global-lineage")
     for i, (g, names) in enumerate(sorted(groups.items()), start=2):
         page.goto(f"{dev.url}/locations/{repo}/asset-groups/{g}", wait_until="networkidle")

@@ -19,7 +19,6 @@ pytestmark = pytest.mark.postgres
 
 QUARTERS = ("2024-01|ES.FUT", "2024-04|ES.FUT")
 FOLD = "2024-04|ES.FUT"
-IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 FEATURES = [
     "predecoded_trades",
     "predecoded_mbp10",
@@ -93,13 +92,17 @@ def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory) 
         instance_overrides={"storage": {"postgres": {"postgres_db": pg_database}}},
     )
     assert not (dev.home / "history" / "runs.db").exists()  # no SQLite run storage beside it
+    # The backfills below build everything; automation off, as a person does in the UI first.
+    dev.stop_sensor("fx_automation")
     phase("start")
 
-    # Features, one build_features run per partition (Q1 first: Q2 warms up from it).
-    for pk in QUARTERS:
-        rid = dev.launch_run("build_features", tags={"dagster/partition": pk}, run_config=IN_PROCESS)
-        wait_run(dev, rid)
-    phase("features")
+    # Feature backfill from the build_features job: one run per partition, in quarter order.
+    bid = dev.launch_job_backfill("build_features", QUARTERS)
+    features = dev.wait_backfill(bid, timeout=300)
+    assert features["status"] == "COMPLETED_SUCCESS", features
+    assert sorted(tags_of(r)["dagster/partition"] for r in features["runs"]) == list(QUARTERS)
+    assert all(r["status"] == "SUCCESS" for r in features["runs"]), features["runs"]
+    phase("feature backfill")
     # The fold: an asset backfill of fold_ranges + trained_model, as the asset page launches it.
     bid = dev.launch_asset_backfill(["fold_ranges", "trained_model"], [FOLD])
     fold_backfill = dev.wait_backfill(bid, timeout=240)
@@ -115,6 +118,7 @@ def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory) 
     assert dev.materialized_partitions("walk_forward_report")
     assert (dev.data_root / "reports" / "ES.FUT_walk_forward.png").is_file()
 
+    dev.wait_runs_idle(120)  # the raw-file sensor's observations too
     before = history(dev)
     assert len(before) >= 4 and all(status == "SUCCESS" for _, status in before.values()), before
     in_pg = run_ids_in_postgres(pg_database)
