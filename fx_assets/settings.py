@@ -7,8 +7,10 @@ environment or from a TOML file:
   (``data_root``, ``symbols``, ``first_quarter``, ``last_quarter``). Relative ``data_root``
   values are resolved against the TOML file's folder.
 - ``FX_DATA_ROOT`` (default ``./data``), ``FX_SYMBOLS`` (comma-separated, default ``ES.FUT``),
-  ``FX_FIRST_QUARTER`` (e.g. ``2024-Q1``), ``FX_LAST_QUARTER`` (optional, e.g. ``2024-Q4``; without
-  it the quarter dimension runs up to the last complete quarter), ``FX_TRAIN_QUARTERS`` (rolling
+  ``FX_FIRST_QUARTER`` (e.g. ``2024-Q1``), ``FX_LAST_QUARTER`` (optional fixed end, e.g. ``2024-Q4``
+  for a closed data set; without it — the default — the quarter dimension runs up to the last
+  complete quarter and grows with the clock, and a quarter is built once its raw files are
+  observed), ``FX_TRAIN_QUARTERS`` (rolling
   training window of a walk-forward fold, default 2). Environment variables win
   over the TOML file.
 
