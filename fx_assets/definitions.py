@@ -122,7 +122,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     train_parts = training_partitions(settings)
     if train_parts is not None:
         fold_ranges, trained_model, walk_forward_report = make_training_assets(
-            train_parts, fxcache, fold_window_mapping(settings.train_quarters)
+            train_parts, fxcache, fold_window_mapping(settings.train_quarters), settings.train_quarters
         )
         assets += [fold_ranges, trained_model, walk_forward_report]
         # One run trains every selected fold with the in-process executor, so the device loader

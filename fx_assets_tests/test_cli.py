@@ -95,3 +95,25 @@ def test_decode_reuses_and_rebuilds(
     assert "reused 120 records" in capsys.readouterr().err
     assert main(["decode", str(src), "--out", str(tmp_path), "--rebuild"]) == 0
     assert "decoded 120 records" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_inspect_into_a_closed_pipe_ends_quietly(dbn_fixtures: Path, fmt: list[str]) -> None:
+    """``fx-assets inspect … | head``: the reader is gone before the output is written."""
+    import os
+    import subprocess
+    import sys
+
+    src = next(iter(sorted(dbn_fixtures.rglob("*.dbn*"))))
+    r, w = os.pipe()
+    os.close(r)  # like `head` that has exited
+    proc = subprocess.run(
+        [sys.executable, "-m", "fx_assets.cli", "inspect", str(src), *fmt],
+        stdout=w,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    os.close(w)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0  # the output is incomplete

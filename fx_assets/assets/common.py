@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from fx_assets.core import lineage
+from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
@@ -220,14 +221,53 @@ def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:
 
 
 def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: object) -> dg.MaterializeResult:
-    """A materialization whose data version is the cache key (so config changes show as unsynced)."""
+    """A materialization whose data version is the cache key (so config changes show as unsynced).
+
+    The metadata is also stored beside the output (:func:`save_build_metadata`), so that a later
+    cache hit of the same file reports the same tables, counts and pictures."""
     meta: dict[str, Any] = {
         "quarter": quarter_label(part.quarter),
         "path": dg.MetadataValue.path(str(path)),
         "cache_key": key_hex[:16],
+        "action": "built",
         **metadata,
     }
+    save_build_metadata(path, meta)
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key_hex[:24]))
+
+
+def metadata_sidecar(output: Path) -> Path:
+    """Where the metadata of the build that wrote ``output`` is kept: ``<output>.meta.json``."""
+    return output.with_name(output.name + ".meta.json")
+
+
+def save_build_metadata(output: Path, metadata: Mapping[str, Any]) -> Path:
+    """Store a build's metadata (Dagster metadata values, serialised with Dagster's serdes) beside
+    its output, atomically; written after the output, so a sidecar never describes a missing file.
+    Stored as [key, value] pairs: serdes sorts dict keys, and the UI shows entries in order."""
+    pairs = [[k, v] for k, v in metadata.items()]
+    return atomic_write_text(metadata_sidecar(output), dg.serialize_value(pairs))
+
+
+def load_build_metadata(output: Path) -> dict[str, Any] | None:
+    """The metadata stored by the build of ``output``; None if there is none or it is unreadable
+    (the caller then treats the output as not cached and rebuilds it, with its metadata)."""
+    side = metadata_sidecar(output)
+    try:
+        pairs: Any = dg.deserialize_value(side.read_text())
+        return {str(k): v for k, v in pairs}
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a torn or foreign file: rebuilding is always correct
+        dg.get_dagster_logger().warning(f"{side}: unreadable build metadata, rebuilding ({exc})")
+        return None
+
+
+def reused_result(key_hex: str, metadata: Mapping[str, Any]) -> dg.MaterializeResult:
+    """The materialization of a cache hit: the build's own metadata, marked ``action: reused``."""
+    return dg.MaterializeResult(
+        metadata={**metadata, "action": "reused"}, data_version=dg.DataVersion(key_hex[:24])
+    )
 
 
 def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
@@ -258,7 +298,11 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
         io.rebuild_reason = "checksum mismatch" if "checksum" in str(exc) else "invalid file"
         dg.get_dagster_logger().warning(f"{path}: {io.rebuild_reason}, rebuilding ({exc})")
         return None
-    return keyed_result(io.key(stage), path, io.part, action="reused", rows=int(rows))
+    built = load_build_metadata(path)
+    if built is None:
+        return None  # no record of the build that wrote it: rebuild, which records one
+    dg.get_dagster_logger().debug(f"{path}: cache hit, {int(rows)} rows")
+    return reused_result(io.key(stage), built)
 
 
 def start_stage(

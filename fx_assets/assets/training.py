@@ -13,11 +13,12 @@ device from the resident data, never read from disk.
 import base64
 import json
 import time
+from typing import Any
 
 import dagster as dg
 import numpy as np
 
-from fx_assets.assets.common import StageIO
+from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
 from fx_assets.automation import EAGER_ALL, REPORT
 from fx_assets.core import lineage
 from fx_assets.core import metrics as M
@@ -47,11 +48,11 @@ def fxcache_keys(storage: FxStorage, pipeline: PipelineConfig, parts: list[Quart
 
 
 def fold_file(
-    storage: FxStorage, pipeline: PipelineConfig, training: TrainingConfig, part: QuarterSymbol
+    storage: FxStorage, pipeline: PipelineConfig, training: TrainingConfig, part: QuarterSymbol, n_train: int
 ) -> tuple:
-    parts = fold_parts(part, training.folds.train_quarters)
+    parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
-    key = lineage.fold_ranges_key(keys, training.fold_config(), training.train_config().purge_bars)
+    key = lineage.fold_ranges_key(keys, training.fold_config(n_train), training.train_config().purge_bars)
     path = storage.layout.stage_file("fold_ranges", part.symbol, part.quarter, key, "json")
     return parts, keys, key, path
 
@@ -62,16 +63,23 @@ def model_dir(
     training: TrainingConfig,
     loader: DeviceFxCacheLoader,
     part: QuarterSymbol,
+    n_train: int,
 ) -> tuple:
     """(fxcache keys, model key, directory) of a fold: the key covers the fold's inputs, the
     fold and trainer configs and the device loader's settings (``key_settings``)."""
-    parts = fold_parts(part, training.folds.train_quarters)
+    parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
     cfg = training.train_config()
     key = lineage.trained_model_key(
-        keys, training.fold_config(), cfg, loader.key_settings(), label_horizon=cfg.purge_bars
+        keys, training.fold_config(n_train), cfg, loader.key_settings(), label_horizon=cfg.purge_bars
     )
     return keys, key, storage.layout.models_dir(part.symbol, part.quarter, key)
+
+
+def shown(part: QuarterSymbol) -> str:
+    """A partition as metadata shows it, ``2024-Q3 ES.FUT``: the key's ``|`` would split a
+    markdown table cell."""
+    return f"{part.quarter_label} {part.symbol}"
 
 
 def png_markdown(png: bytes, alt: str) -> dg.MetadataValue:
@@ -90,7 +98,10 @@ def _fold_range_from_json(text: str) -> FoldRange:
     return FoldRange(**{k: d[k] for k in FoldRange.__dataclass_fields__})
 
 
-def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
+def make_training_assets(training_partitions, fxcache, window_mapping, train_quarters: int) -> tuple:
+    """``train_quarters``: the project's rolling window, which ``window_mapping`` also encodes."""
+    n_train = train_quarters
+
     @dg.asset(
         partitions_def=training_partitions,
         automation_condition=EAGER_ALL,
@@ -114,7 +125,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         table = []
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
-            parts, keys, key, out = fold_file(storage, pipeline, training, part)
+            parts, keys, key, out = fold_file(storage, pipeline, training, part, n_train)
             ts = np.concatenate(
                 [
                     np.array(
@@ -129,7 +140,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                     ts,
                     starts,
                     len(parts) - 1,
-                    training.fold_config(),
+                    training.fold_config(n_train),
                     label_horizon=training.train_config().purge_bars,
                     name=quarter_label(part.quarter),
                 )
@@ -143,7 +154,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                     asset_key=context.asset_key,
                     partition=pk,
                     metadata={
-                        "fold": part.label,
+                        "fold": shown(part),
                         "path": dg.MetadataValue.path(str(out)),
                         "training_quarters": ", ".join(labels[:-1]),
                         "ranges": dg.MetadataValue.md(_rows_markdown(rows)),
@@ -152,7 +163,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
             )
             table.append(
                 {
-                    "fold": part.label,
+                    "fold": shown(part),
                     "training_quarters": ", ".join(labels[:-1]),
                     "train": f"[{fr.train_start}, {fr.train_end})",
                     "val": f"[{fr.val_start}, {fr.val_end})",
@@ -198,19 +209,26 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         t_run = time.perf_counter()
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
-            parts, _, _, fpath = fold_file(storage, pipeline, training, part)
+            parts, _, _, fpath = fold_file(storage, pipeline, training, part, n_train)
             if not fpath.is_file():
                 raise dg.Failure(
                     f"{part.label}: fold ranges not materialized for the current config ({fpath.name})"
                 )
             fr = _fold_range_from_json(fpath.read_text())
             # The loader that put this run's data on the device: its settings are in the key.
-            keys, mkey, out_dir = model_dir(storage, pipeline, training, fxcache.loader, part)
+            keys, mkey, out_dir = model_dir(storage, pipeline, training, fxcache.loader, part, n_train)
             done = out_dir / "checkpoint.json"
-            if done.is_file() and (out_dir / "oos.npz").is_file() and (out_dir / "equity.png").is_file():
-                # Same key = same inputs, config and code: the model on disk is this run's result.
+            built = load_build_metadata(done) if done.is_file() else None
+            if built is not None and (out_dir / "oos.npz").is_file() and (out_dir / "equity.png").is_file():
+                # Same key = same inputs, config and code: the model on disk is this run's result,
+                # reported with the metrics, tables and picture of the run that trained it.
                 metrics = {k: float(v) for k, v in json.loads(done.read_text())["metrics"].items()}
-                rows.append(_fold_row(part.label, fr, metrics, float("nan"), mkey, "reused"))
+                context.log_event(
+                    dg.AssetObservation(
+                        asset_key=context.asset_key, partition=pk, metadata={**built, "action": "reused"}
+                    )
+                )
+                rows.append(_fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"))
                 context.log.info(f"{part.label}: model {mkey[:16]} already trained, reused")
                 continue
             view = fxcache.view(parts)
@@ -236,23 +254,23 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
             png = equity_png(oos.ts, oos.returns, f"{part.label} out-of-sample ({cfg.trainer})")
             atomic_write_bytes(out_dir / "equity.png", png)
             metrics = {k: float(v) for k, v in result.metrics.items()}
+            fold_meta: dict[str, Any] = {
+                "fold": shown(part),
+                "action": "trained",
+                "trainer": cfg.trainer,
+                **{k: round(v, 6) for k, v in metrics.items()},
+                "best_epoch": result.best_epoch,
+                "fold_transition_ms": round(transition_ms, 3),
+                "train_seconds": round(train_s, 3),
+                "checkpoint": dg.MetadataValue.path(str(result.best_path)),
+                "equity_curve": png_markdown(png, f"equity {shown(part)}"),
+            }
+            # Last file of the fold: its presence marks the model complete (see the reuse above).
+            save_build_metadata(done, fold_meta)
             context.log_event(
-                dg.AssetObservation(
-                    asset_key=context.asset_key,
-                    partition=pk,
-                    metadata={
-                        "fold": part.label,
-                        "trainer": cfg.trainer,
-                        **{k: round(v, 6) for k, v in metrics.items()},
-                        "best_epoch": result.best_epoch,
-                        "fold_transition_ms": round(transition_ms, 3),
-                        "train_seconds": round(train_s, 3),
-                        "checkpoint": dg.MetadataValue.path(str(result.best_path)),
-                        "equity_curve": png_markdown(png, f"equity {part.label}"),
-                    },
-                )
+                dg.AssetObservation(asset_key=context.asset_key, partition=pk, metadata=fold_meta)
             )
-            rows.append(_fold_row(part.label, fr, metrics, transition_ms, mkey, "trained"))
+            rows.append(_fold_row(shown(part), fr, metrics, transition_ms, mkey, "trained"))
             context.log.info(f"{part.label}: {rows[-1]}")
         stats = fxcache.store.stats()
         return dg.MaterializeResult(
@@ -289,15 +307,15 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         for pk in training_partitions.get_partition_keys(dynamic_partitions_store=context.instance):
             part = parse_partition_key(pk)
             try:
-                _, _, out_dir = model_dir(storage, pipeline, training, fxcache_loader, part)
+                _, _, out_dir = model_dir(storage, pipeline, training, fxcache_loader, part, n_train)
             except (FileNotFoundError, dg.Failure):  # an input of the fold is not built
-                missing.append(part.label)
+                missing.append(shown(part))
                 continue
             f = out_dir / "oos.npz"
             if f.is_file():
                 folds.append((part, FoldOOS.load(f)))
             else:
-                missing.append(part.label)
+                missing.append(shown(part))
         if not folds:
             raise dg.Failure("no trained folds with the current config: materialize trained_model first")
         by_symbol: dict[str, list[FoldOOS]] = {}
@@ -319,13 +337,15 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                         "fold": f.name,
                         "bars": int(f.returns.size),
                         "sharpe": round(float(M.sharpe_daily(f.returns, f.sessions)), 3),
-                        "total_return": round(float(f.returns.sum()), 5),
+                        "total_log_return": round(float(f.returns.sum()), 5),
+                        "total_return": round(float(np.expm1(f.returns.sum())), 5),
                         "max_drawdown": round(float(M.max_drawdown(f.returns)), 4),
                     }
                 )
             meta[f"{symbol}_equity"] = png_markdown(png, f"{symbol} walk-forward")
             meta[f"{symbol}_sharpe"] = round(summary["sharpe"], 3)
             meta[f"{symbol}_max_drawdown"] = round(summary["max_drawdown"], 4)
+            meta[f"{symbol}_total_log_return"] = round(summary["total_log_return"], 5)
             meta[f"{symbol}_total_return"] = round(summary["total_return"], 5)
         atomic_write_text(report_dir / "walk_forward.json", json.dumps({"folds": table}, indent=2))
         meta["folds"] = dg.MetadataValue.md(_rows_markdown(table))
@@ -353,11 +373,16 @@ def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mk
 
 
 def _rows_markdown(rows: list[dict]) -> str:
+    """A markdown table; a ``|`` inside a cell is escaped so that it cannot shift the columns."""
     if not rows:
         return "(none)"
     cols = list(rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+
+    def cell(v: object) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(map(cell, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 
 

@@ -69,7 +69,9 @@ class WalkForward:
             if self.returns.size > 1
             else float("nan"),
             "max_drawdown": float(M.max_drawdown(self.returns)) if self.returns.size else 0.0,
-            "total_return": float(self.returns.sum()),
+            # Bar returns are log returns: they add; the compounded return is expm1 of the sum.
+            "total_log_return": float(self.returns.sum()),
+            "total_return": float(np.expm1(self.returns.sum())),
             "n_bars": float(self.returns.size),
             "n_folds": float(len(self.folds)),
         }

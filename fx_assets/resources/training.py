@@ -12,7 +12,7 @@ on the CPU.
 import datetime as dt
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 import torch
@@ -30,31 +30,61 @@ from fx_assets.resources.storage import FxStorage
 
 
 class FoldsConfig(dg.Config, FoldConfig):
-    """Walk-forward folds: rolling window, purge, embargo, warm-up (bars)."""
+    """Walk-forward folds: rolling window, purge, embargo, warm-up (bars).
+
+    Every field has a default, so a run config may set only what it changes (Dagster builds the
+    resource from the run config alone, not on top of the definitions' instance)."""
+
+    train_quarters: int | None = Field(  # type: ignore[assignment]
+        default=None,
+        ge=1,
+        description="Rolling training window (quarters before the validation quarter). None: the "
+        "project's train_quarters (FX_TRAIN_QUARTERS), which also fixes each fold's fxcache "
+        "dependencies; any other value must equal it.",
+    )
+    purge_bars: int = Field(
+        default=31,
+        ge=0,
+        description="Training bars dropped before validation start; must be >= the longest label "
+        "horizon (labels.max_horizon(), 31 bars with the default horizons).",
+    )
+    warmup_bars: int = Field(
+        default=0, ge=0, description="Bars excluded at the start of the concatenation (feature warm-up)."
+    )
 
 
 class TrainerConfig(dg.Config, TrainConfig):
     """Trainer selection and hyper-parameters."""
 
+    trainer: Literal["mlp", "dqn"] = Field(
+        default="mlp", description="Which trainer: supervised MLP or double DQN."
+    )
+
 
 class TrainingConfig(dg.ConfigurableResource):
     """Parameters of the training stages; every field is part of the model cache keys."""
 
-    folds: FoldsConfig = Field(description="Walk-forward fold construction.")
-    train: TrainerConfig = Field(description="Trainer and hyper-parameters.")
+    folds: FoldsConfig = Field(default_factory=FoldsConfig, description="Walk-forward fold construction.")
+    train: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer and hyper-parameters.")
 
-    def fold_config(self) -> FoldConfig:
-        return FoldConfig.model_validate(self.folds.model_dump())
+    def fold_config(self, train_quarters: int) -> FoldConfig:
+        """The core fold config, with the project's window (``train_quarters``) filled in."""
+        n = self.folds.train_quarters
+        if n is not None and n != train_quarters:
+            raise dg.Failure(
+                f"training.folds.train_quarters={n} differs from the project's train_quarters="
+                f"{train_quarters} (FX_TRAIN_QUARTERS), which fixes each fold's fxcache inputs: "
+                "change the project setting instead"
+            )
+        return FoldConfig.model_validate({**self.folds.model_dump(), "train_quarters": train_quarters})
 
     def train_config(self) -> TrainConfig:
         return TrainConfig.model_validate(self.train.model_dump())
 
 
 def default_training(train_quarters: int) -> TrainingConfig:
-    return TrainingConfig(
-        folds=FoldsConfig(train_quarters=train_quarters, purge_bars=31, embargo_bars=0, warmup_bars=0),
-        train=TrainerConfig(trainer="mlp"),
-    )
+    """The definitions' training resource: the field defaults, the project's window shown."""
+    return TrainingConfig(folds=FoldsConfig(train_quarters=train_quarters))
 
 
 @dataclass

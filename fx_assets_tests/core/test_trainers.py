@@ -232,7 +232,7 @@ def test_mlp_finds_planted_signal(signal_fold: FoldData, tmp_path: Path) -> None
     assert m["sharpe"] > 1.0 and m["total_return"] > 0 and m["t_stat"] > 3, m
     assert 0 <= m["max_drawdown"] < 1 and 0 < m["turnover"] <= 2 and m["hit_rate"] > 0.5
     assert res.equity.shape == (n + 1,) and res.val_positions.shape == (n,)
-    np.testing.assert_allclose(res.equity[-1], math.exp(m["total_return"]))
+    np.testing.assert_allclose(res.equity[-1], math.exp(m["total_log_return"]))
 
 
 def test_mlp_null_market_has_no_skill(null_fold: FoldData, tmp_path: Path) -> None:

@@ -334,7 +334,8 @@ def evaluate_positions(
         "hit_rate": hr.rate,
         "coverage": hr.coverage,
         "turnover": float(M.turnover(p)),
-        "total_return": float(ret.sum()),
+        "total_log_return": float(ret.sum()),  # log returns add over bars
+        "total_return": float(np.expm1(ret.sum())),  # compounded
         "mean_bar_return": float(ret.mean()),
         # t statistic of the mean bar return: the "consistent profit" check of the null market.
         "t_stat": float(ret.mean() / (sd / math.sqrt(ret.size))) if sd > 0 else 0.0,
