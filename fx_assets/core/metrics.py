@@ -7,14 +7,12 @@ rank-based ROC AUC. Returns are log returns throughout, so they add over bars an
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from fx_assets.core import calendar
 from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
@@ -67,9 +65,10 @@ def daily_returns(
 ) -> tuple[npt.NDArray[np.int64], F64]:
     """Session sums of bar log returns: (session days, R_D).
 
-    ``session_ids``: per bar, ``calendar.session_day`` (days since epoch). Open sessions with
-    no bars count as 0: ``all_sessions`` lists them, default every Mon-Fri session between
-    the first and the last one seen.
+    ``session_ids``: per bar, ``calendar.session_day`` (days since epoch). By default the
+    sessions are those present in the data: a weekday without bars is an exchange holiday (or
+    no data), not a flat trading day, so it adds no zero-return day. ``all_sessions`` lists the
+    open sessions explicitly; an open session without bars then counts as 0.
     """
     r = _vec(returns, "returns")
     s = np.asarray(session_ids, dtype=np.int64)
@@ -80,11 +79,7 @@ def daily_returns(
     if r.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     if all_sessions is None:
-        epoch = dt.date(1970, 1, 1)
-        first = epoch + dt.timedelta(days=int(s.min()))
-        last = epoch + dt.timedelta(days=int(s.max()))
-        days = calendar.sessions_between(first, last).astype(np.int64)
-        days = np.union1d(days, s)  # a bar in a non-weekday session still counts
+        days = np.unique(s)
     else:
         days = np.unique(np.asarray(all_sessions, dtype=np.int64))
         missing = np.setdiff1d(s, days)
