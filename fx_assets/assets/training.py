@@ -23,7 +23,7 @@ from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.folds import FoldRange, fold_range, fold_table, quarter_start_ns
+from fx_assets.core.folds import FoldRange, feature_lookback, fold_range, fold_table, quarter_start_ns
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, stitch
 from fx_assets.core.trainers.common import fold_transition
@@ -90,7 +90,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         kinds={"json"},
         description=(
             "Index ranges of one walk-forward fold into the time-ordered concatenation of its quarters: "
-            "rolling training window, purge ≥ the longest label horizon, optional embargo, warm-up excluded; "
+            "rolling training window, purge ≥ the longest label horizon, embargo (default: max(label horizon, "
+            "longest feature look-back)), warm-up excluded; "
             "computed from bar timestamps alone."
         ),
     )
@@ -101,6 +102,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
         table = []
+        stage_cfgs = pipeline.stage_configs()
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
             parts, keys, key, out = fold_file(storage, pipeline, training, part)
@@ -120,6 +122,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping) -> tuple:
                     len(parts) - 1,
                     training.fold_config(),
                     label_horizon=training.train_config().purge_bars,
+                    feature_lookback=feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi),
                     name=quarter_label(part.quarter),
                 )
             except FxDataError as exc:

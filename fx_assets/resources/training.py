@@ -49,7 +49,9 @@ class TrainingConfig(dg.ConfigurableResource):
 
 def default_training(train_quarters: int) -> TrainingConfig:
     return TrainingConfig(
-        folds=FoldsConfig(train_quarters=train_quarters, purge_bars=31, embargo_bars=0, warmup_bars=0),
+        folds=FoldsConfig(
+            train_quarters=train_quarters, purge_bars=31, warmup_bars=0
+        ),  # embargo: reference default
         train=TrainerConfig(trainer="mlp"),
     )
 
