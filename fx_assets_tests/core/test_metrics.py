@@ -148,3 +148,32 @@ def test_auc_returns_drops_zero_returns() -> None:
     s = np.array([0.9, 0.1, 0.5, 0.7, 0.3])
     y = np.array([0.02, -0.01, 0.0, 0.01, np.nan])
     assert auc_returns(s, y) == pytest.approx(brute_auc(s[[0, 1, 3]], np.array([1, 0, 1])))
+
+
+def test_auc_block_null_widens_with_label_overlap_and_flags_real_skill() -> None:
+    """On a random walk, overlapping 30-bar labels make the AUC of a persistent noise score far
+    more variable than 1/sqrt(n) says; the block-permutation null sees it. A real edge is flagged."""
+    from fx_assets.core.metrics import auc_block_null
+
+    rng = np.random.default_rng(7)
+    n, h = 6000, 30
+    eps = rng.standard_normal(n + h + 1)
+    logc = np.cumsum(eps)
+    y = logc[1 + h : 1 + h + n] - logc[1 : n + 1]  # overlapping h-bar forward returns
+    # a slowly varying noise score (AR(1), like a smoothed feature), independent of y
+    s = np.zeros(n)
+    for t in range(1, n):
+        s[t] = 0.97 * s[t - 1] + rng.standard_normal()
+    res = auc_block_null(s, y, block=4 * h, n_perm=300, seed=1)
+    naive_se = 1 / math.sqrt(3 * n)  # the i.i.d. standard error of an AUC near 0.5
+    assert res.null_sd > 3 * naive_se, (res, naive_se)
+    assert res.p_value > 0.01 and res.n_perm == 300
+    # exact permutation arithmetic: a score equal to the label has AUC 1 and p = 1 / (n_perm + 1)
+    sure = auc_block_null(y, y, block=4 * h, n_perm=50)
+    assert sure.auc == 1.0 and sure.p_value == pytest.approx(1 / 51)
+    # a weak real edge on the 1-bar return
+    r1 = eps[1 : n + 1]
+    edge = auc_block_null(0.15 * r1 + rng.standard_normal(n), r1, block=64, n_perm=300, seed=2)
+    assert edge.p_value < 0.01 and edge.z > 3, edge
+    with pytest.raises(FxDataError, match="block"):
+        auc_block_null(s, y, block=0)
