@@ -37,7 +37,7 @@ CODE_VERSIONS: dict[str, str] = {
     "ofi_features": "1",
     "fxcache": "1",
     "fold_ranges": "1",
-    "trained_model": "1",
+    "trained_model": "2",  # 2: MLP no-trade band after costs, gross/net metrics, leak detector
 }
 
 #: Arrow table format of roll calendar, bars and feature files (bumped with their layout).
