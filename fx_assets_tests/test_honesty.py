@@ -39,7 +39,22 @@ LEAK_Z = 4.0  # |AUC - 0.5| in sds of its block-permutation null
 LEAK_RHO = 0.3  # correlation of the planted look-ahead input with the return it looks at
 TRAINERS: dict[str, dict[str, Any]] = {
     "mlp": {"trainer": "mlp"},
-    "dqn": {"trainer": "dqn", "epochs": 8, "max_steps_per_epoch": 300, "n_envs": 128},
+    # small enough for 2 shared CPU cores (the core tests' DQN), long enough to find the signal
+    "dqn": {
+        "trainer": "dqn",
+        "epochs": 5,
+        "batch_size": 256,
+        "lr": 3e-3,
+        "hidden": [32],
+        "gamma": 0.5,
+        "tau": 0.02,
+        "n_envs": 64,
+        "episode_len": 128,
+        "learn_starts": 512,
+        "eps_decay_steps": 600,
+        "max_steps_per_epoch": 250,
+        "replay_size": 20_000,
+    },
 }
 
 
@@ -125,14 +140,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     import fx_assets.assets.features as features_assets
 
     out: dict[str, dict[str, dict[str, float]]] = {}
+    roots: dict[str, Path] = {}
     for market, signal in (("null", 0.0), ("signal", 1.0)):
-        root = make_market(
+        root = roots[market] = make_market(
             tmp_path_factory.mktemp(market), "2024-Q1:2024-Q3", scale=SCALE, seed=SEED, signal=signal
         )
         build_features(root)
         out[market] = {t: train_fold(root, t) for t in TRAINERS}
     root = tmp_path_factory.mktemp("leak")
-    shutil.copytree(tmp_path_factory.getbasetemp() / "null0" / "raw", root / "raw")
+    shutil.copytree(roots["null"] / "raw", root / "raw")  # the null market's DBN files
     mp = pytest.MonkeyPatch()
     mp.setattr(
         features_assets, "assemble_fxcache_columns", _leaky_assembly(features_assets.assemble_fxcache_columns)

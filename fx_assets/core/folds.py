@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fx_assets.core import calendar
-from fx_assets.core.bar_features import BarFeatureConfig, max_window
+from fx_assets.core.bar_features import BarFeatureConfig, build_registry
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.labels import max_horizon
 from fx_assets.core.ofi import OfiConfig
@@ -121,9 +122,24 @@ def _quarter_name(start_ns: int) -> str:
     return calendar.quarter_label(dt.datetime.fromtimestamp(start_ns / 1e9, tz=dt.UTC).date())
 
 
+#: A recursive indicator's look-back: the bars after which its start weighs less than this.
+LOOKBACK_WEIGHT = 0.01
+
+
 def feature_lookback(bar_features: BarFeatureConfig, ofi: OfiConfig) -> int:
-    """Longest trailing window (bars) of any model input: bar features and OFI bar-count windows."""
-    return int(max(max_window(bar_features), ofi.effective_warmup_bars))
+    """Longest trailing window (bars) of any model input, for the default embargo.
+
+    Rolling windows count in full (OFI bar-count windows too). A recursive indicator (EWMA,
+    Wilder, CUSUM) depends on every past bar; its registry ``window`` is where the start's
+    weight falls to ``memory_tol`` (≈1e-12, for exact partition equivalence), so its look-back
+    here is where that weight falls to :data:`LOOKBACK_WEIGHT` instead (EWMA span 100: 231 bars).
+    """
+    scale = math.log(LOOKBACK_WEIGHT) / math.log(bar_features.memory_tol)
+    out = int(ofi.effective_warmup_bars)
+    for spec in build_registry(bar_features):
+        recursive = spec.window > spec.warmup + 2  # a rolling window of w bars has warm-up w - 1 or w - 2
+        out = max(out, math.ceil(spec.window * scale) if recursive else spec.window)
+    return out
 
 
 def fold_range(

@@ -94,6 +94,8 @@ def daily_returns(
 def _sharpe(x: F64, periods: float) -> float:
     if x.size < 2:
         return math.nan
+    if not np.any(x):  # a flat book: no return, no risk -> 0 (a model that stays out earns nothing)
+        return 0.0
     sd = float(np.std(x, ddof=1))
     if not sd > 0:
         return math.nan
@@ -108,7 +110,7 @@ def sharpe_daily(
 ) -> float:
     """Primary Sharpe: ``sqrt(periods) * mean(R_D) / std(R_D, ddof=1)`` over sessions.
 
-    NaN with fewer than two sessions or zero variance.
+    NaN with fewer than two sessions or zero variance, except 0 for all-zero returns (flat).
     """
     _, rd = daily_returns(returns, session_ids, all_sessions)
     return _sharpe(rd, periods)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import numpy as np
 import pydantic
@@ -171,9 +172,16 @@ def test_default_embargo_is_the_longest_label_or_feature_reach() -> None:
 
 
 def test_pipeline_feature_lookback_is_the_longest_feature_window() -> None:
-    from fx_assets.core.bar_features import BarFeatureConfig, max_window
+    from fx_assets.core.bar_features import BarFeatureConfig
     from fx_assets.core.folds import feature_lookback
     from fx_assets.core.ofi import OfiConfig
 
     got = feature_lookback(BarFeatureConfig(), OfiConfig())
-    assert got == max(max_window(BarFeatureConfig()), OfiConfig().effective_warmup_bars) > max_horizon()
+    # the EWMA vol (span 100, alpha 2/101): its start weighs < 1% after ln(0.01)/ln(1 - alpha) bars
+    alpha = 2 / 101
+    assert got == math.ceil(1383 * math.log(0.01) / math.log(BarFeatureConfig().memory_tol))
+    assert abs(got - math.log(0.01) / math.log1p(-alpha)) < 2
+    longer = feature_lookback(
+        BarFeatureConfig(), OfiConfig(warmup_bars=400)
+    )  # a rolling window counts in full
+    assert longer == 400

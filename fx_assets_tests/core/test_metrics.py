@@ -85,6 +85,9 @@ def test_sharpe_daily_with_sessions() -> None:
     s2 = np.array([day("2024-01-05"), day("2024-01-08")])
     assert daily_returns(np.array([0.01, 0.02]), s2)[0].size == 2
     assert math.isnan(sharpe_daily(np.array([0.01, 0.02]), np.array([day("2024-01-02")] * 2)))
+    # a flat book earns nothing with no risk: 0, not NaN; a constant non-zero day return is NaN
+    assert sharpe_daily(np.zeros(4), np.array([day("2024-01-02"), day("2024-01-03")] * 2)) == 0.0
+    assert math.isnan(sharpe_daily(np.full(2, 0.01), np.array([day("2024-01-02"), day("2024-01-03")])))
     with pytest.raises(FxDataError, match="no session"):
         daily_returns(np.array([0.1]), np.array([-1]))
 

@@ -263,7 +263,7 @@ def test_mlp_band_follows_the_cost(signal_fold: FoldData, tmp_path: Path) -> Non
     band = train_mlp(signal_fold, dear, tmp_path / "a", ["k"])
     assert blind.metrics["coverage"] > 0.9 and blind.metrics["net_total_log_return"] < 0, blind.metrics
     assert band.metrics["turnover"] == 0 and band.metrics["net_total_log_return"] == 0, band.metrics
-    assert band.metrics["gross_sharpe"] != band.metrics["gross_sharpe"]  # NaN: no position, no variance
+    assert band.metrics["gross_sharpe"] == band.metrics["net_sharpe"] == 0.0  # flat: no return, no risk
     assert blind.metrics["gross_total_log_return"] - blind.metrics["net_total_log_return"] == pytest.approx(
         blind.metrics["cost_paid"]
     )
