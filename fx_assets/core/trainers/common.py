@@ -100,7 +100,8 @@ class TrainConfig(BaseModel):
         description="MLP trading rule. 'inner': a no-trade band on |p − 0.5| (enter above, exit "
         "below a lower level) chosen after costs on the inner purged block of the training rows, "
         "flat unless the chosen band's inner net daily t-statistic reaches band_min_t; 'fixed': "
-        "flat inside ±eval_threshold, costs ignored. Needs early_stopping='inner'.",
+        "flat inside ±eval_threshold, costs ignored. With early_stopping='validation' the band is "
+        "chosen on the same last inner_frac of the training rows, which the model was then fitted on.",
     )
     band_min_t: float = Field(
         3.0,
@@ -141,11 +142,6 @@ class TrainConfig(BaseModel):
             raise ValueError(f"horizons must be positive and include 1, got {self.horizons}")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be positive, got {self.hidden}")
-        if self.trainer == "mlp" and self.trade_band == "inner" and self.early_stopping != "inner":
-            raise ValueError(
-                "trade_band='inner' chooses the band on the inner block, which early_stopping="
-                f"{self.early_stopping!r} does not hold out: use early_stopping='inner' or trade_band='fixed'"
-            )
         return self
 
     @property

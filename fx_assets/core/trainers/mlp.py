@@ -198,6 +198,10 @@ def train_mlp(
         inner = _host_block(
             fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
         )
+        band_start = fold.x_train.shape[0] - max(1, int(fold.x_train.shape[0] * cfg.inner_frac))
+        band_tail = _host_block(
+            fold.y_train[band_start:], fold.r1_train[band_start:], fold.train_sessions[band_start:]
+        )
         lossf = torch.nn.BCEWithLogitsLoss()
         # The step over full batches is a fixed op sequence on persistent tensors (the batch is
         # row ``s`` of the epoch's permutation, ``s`` a device counter), so on CUDA it is captured
@@ -241,8 +245,9 @@ def train_mlp(
                 band = choose_band(pin, inner, cfg)  # after costs, on the inner block only
                 sel = block_metrics(pin, inner, cfg, band)[0][metric]
                 m, pos, ret, eq = block_metrics(p, host, cfg, band)
-            else:
-                m, pos, ret, eq = block_metrics(p, host, cfg, choose_band(p[:0], host, cfg))
+            else:  # no held-out block: the band comes from the training tail, in sample
+                pin = predict_proba(model, fold.x_train[band_start:]).double().cpu().numpy()
+                m, pos, ret, eq = block_metrics(p, host, cfg, choose_band(pin, band_tail, cfg))
                 sel = m[metric]
             m.update(
                 epoch=float(epoch),
