@@ -164,7 +164,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     for market, by in out.items():
         for t, m in by.items():
             keys = ("auc", "auc_h1", "auc_null_z", "auc_h1_null_z", "gross_sharpe", "net_sharpe", "turnover")
-            print(market, t, {k: round(m[k], 4) for k in keys})
+            print(market, t, {k: round(m.get(k, float("nan")), 4) for k in keys}, detector_flags(m))
     yield out
 
 

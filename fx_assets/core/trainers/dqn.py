@@ -374,4 +374,5 @@ def evaluate_greedy(
     pos = resolve_positions(table_t.cpu().numpy(), np.isfinite(block["r1"]))
     m, p, ret, eq = evaluate_positions(pos, block["r1"], block["sessions"], cfg.cost)
     m["auc"] = M.auc_returns(score, block["y"])
+    m["auc_h1"] = M.auc_returns(score, block["r1"])
     return m, p, ret, eq, score
