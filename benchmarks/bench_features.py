@@ -512,6 +512,18 @@ def run() -> dict[str, Any]:
                 f"VmHWM (incl. mapped sidecar pages) {r['peak_rss_mib']} MiB",
             )
         )
+    for key, r in warm.items():
+        bf_s = r["stages"]["bar_features"]
+        targets.append(
+            target(
+                f"warm pipeline ({key.replace('_', ' ')} root): quarter_bar_features + validate",
+                round(r["counts"]["bars"] / bf_s) if bf_s > 0 else None,
+                ">=",
+                20_000,
+                "bars/s",
+                "the speed floor that was a timed assertion in test_bar_features.py",
+            )
+        )
     targets.append(
         target(
             "warm pipeline: peak anon independent of the number of quarters (9-quarter root <= 3-quarter root + 5%)",

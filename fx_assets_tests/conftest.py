@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+# The threaded kernel paths split their input over numba's threads; on a one-CPU machine numba
+# starts with one thread and those paths would go untested. Two threads are forced there (before
+# numba is imported); an explicit NUMBA_NUM_THREADS wins.
+_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+if _cpus < 2:
+    os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

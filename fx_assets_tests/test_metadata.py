@@ -98,8 +98,8 @@ def test_cache_hit_reports_the_build_metadata_and_tables_hold(market: Path) -> N
         assert all(len(r) == len(rows[0]) for r in rows)
         header = rows[0]
         # A sum of log returns is called so; total_return is the compounded one.
-        assert {"total_log_return", "total_return"} <= set(header)
-        log_ret = float(rows[2][header.index("total_log_return")])
+        assert {"net_total_log_return", "total_return"} <= set(header)
+        log_ret = float(rows[2][header.index("net_total_log_return")])
         total = float(rows[2][header.index("total_return")])
         assert total == pytest.approx(math.expm1(log_ret), abs=2e-5)
         assert rm["ES.FUT_total_return"].value == pytest.approx(

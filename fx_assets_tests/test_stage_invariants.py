@@ -900,12 +900,21 @@ def test_threaded_passes_equal_the_single_thread_results(
     from fx_assets.core import bar_features as bf_core
     from fx_assets.core import roll as roll_core
 
-    if numba.get_num_threads() < 2:
-        pytest.skip("needs 2 numba threads")
+    if numba.config.NUMBA_NUM_THREADS < 2:  # never a silent skip: this test must run or fail
+        pytest.fail(
+            f"the threaded kernels need >= 2 numba threads, this process has "
+            f"NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS} (conftest.py sets 2 on one-CPU "
+            "machines unless NUMBA_NUM_THREADS is set explicitly)"
+        )
     monkeypatch.setattr(roll_core, "_MIN_TRADES_PER_THREAD", 1)
     monkeypatch.setattr(st, "_MIN_TRADES_PER_THREAD", 1)
     monkeypatch.setattr(bf_core, "_MIN_BARS_PER_THREAD", 1)
-    threaded = run_chain(market.trades, market.book, tmp_path / "work")
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)  # the split the kernels see, whatever an earlier test left
+    try:
+        threaded = run_chain(market.trades, market.book, tmp_path / "work")
+    finally:
+        numba.set_num_threads(before)
     for ref, out in zip(market.outs, threaded, strict=True):
         assert np.array_equal(ref.calendar.instrument_id, out.calendar.instrument_id)
         for name in ("ts", "price", "size", "sign", "session", "instrument_id"):

@@ -25,9 +25,9 @@ from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.folds import FoldRange, fold_range, fold_table, quarter_start_ns
+from fx_assets.core.folds import FoldRange, feature_lookback, fold_range, fold_table, quarter_start_ns
 from fx_assets.core.fxcache import open_fxcache
-from fx_assets.core.report import FoldOOS, equity_png, stitch
+from fx_assets.core.report import FoldOOS, equity_png, gross_returns, stitch
 from fx_assets.core.trainers.dqn import train_dqn
 from fx_assets.core.trainers.mlp import train_mlp
 from fx_assets.core.trainers.transition import fold_transition
@@ -112,7 +112,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         kinds={"json"},
         description=(
             "Index ranges of one walk-forward fold into the time-ordered concatenation of its quarters: "
-            "rolling training window, purge ≥ the longest label horizon, optional embargo, warm-up excluded; "
+            "rolling training window, purge ≥ the longest label horizon, embargo (default: max(label horizon, "
+            "longest feature look-back)), warm-up excluded; "
             "computed from bar timestamps alone."
         ),
     )
@@ -123,6 +124,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
         table = []
+        stage_cfgs = pipeline.stage_configs()
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
             parts, keys, key, out = fold_file(storage, pipeline, training, part, n_train)
@@ -142,6 +144,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                     len(parts) - 1,
                     training.fold_config(n_train),
                     label_horizon=training.train_config().purge_bars,
+                    feature_lookback=feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi),
                     name=quarter_label(part.quarter),
                 )
             except FxDataError as exc:
@@ -249,6 +252,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 fold.val_sessions,
                 result.val_positions,
                 result.val_returns,
+                gross_returns(result.val_returns, result.val_positions, cfg.cost),
             )
             oos.save(out_dir / "oos.npz")
             png = equity_png(oos.ts, oos.returns, f"{part.label} out-of-sample ({cfg.trainer})")
@@ -336,14 +340,22 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                         "symbol": symbol,
                         "fold": f.name,
                         "bars": int(f.returns.size),
-                        "sharpe": round(float(M.sharpe_daily(f.returns, f.sessions)), 3),
-                        "total_log_return": round(float(f.returns.sum()), 5),
+                        "gross_sharpe": round(float(M.sharpe_daily(f.gross_returns, f.sessions)), 3),
+                        "net_sharpe": round(float(M.sharpe_daily(f.returns, f.sessions)), 3),
+                        "gross_total_log_return": round(float(f.gross_returns.sum()), 5),
+                        "net_total_log_return": round(float(f.returns.sum()), 5),
                         "total_return": round(float(np.expm1(f.returns.sum())), 5),
+                        "turnover": round(float(M.turnover(f.positions)), 4),
                         "max_drawdown": round(float(M.max_drawdown(f.returns)), 4),
                     }
                 )
             meta[f"{symbol}_equity"] = png_markdown(png, f"{symbol} walk-forward")
             meta[f"{symbol}_sharpe"] = round(summary["sharpe"], 3)
+            meta[f"{symbol}_gross_sharpe"] = round(summary["gross_sharpe"], 3)
+            meta[f"{symbol}_net_sharpe"] = round(summary["net_sharpe"], 3)
+            meta[f"{symbol}_gross_total_log_return"] = round(summary["gross_total_log_return"], 5)
+            meta[f"{symbol}_net_total_log_return"] = round(summary["net_total_log_return"], 5)
+            meta[f"{symbol}_turnover"] = round(summary["turnover"], 4)
             meta[f"{symbol}_max_drawdown"] = round(summary["max_drawdown"], 4)
             meta[f"{symbol}_total_log_return"] = round(summary["total_log_return"], 5)
             meta[f"{symbol}_total_return"] = round(summary["total_return"], 5)
@@ -363,10 +375,13 @@ def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mk
         "train_bars": fr.n_train,
         "val_bars": fr.n_val,
         "sharpe": round(metrics.get("sharpe", float("nan")), 3),
+        "gross_sharpe": round(metrics.get("gross_sharpe", float("nan")), 3),
+        "net_sharpe": round(metrics.get("net_sharpe", float("nan")), 3),
         "max_drawdown": round(metrics.get("max_drawdown", float("nan")), 4),
         "hit_rate": round(metrics.get("hit_rate", float("nan")), 4),
         "turnover": round(metrics.get("turnover", float("nan")), 4),
         "auc": round(metrics.get("auc", float("nan")), 4),
+        "auc_null_z": round(metrics.get("auc_null_z", float("nan")), 2),
         "transition_ms": round(transition_ms, 2),
         "model_key": mkey[:16],
     }

@@ -8,10 +8,12 @@ validation quarter). Ranges are computed from the bar timestamps alone (``search
 
 - Validation: bars with ``ts_close`` in the validation quarter, ``[val_start, val_end)``.
 - Training: bars of the N quarters before it, minus the first ``warmup_bars`` of the
-  concatenation, minus the last ``purge_bars + embargo_bars`` before ``val_start``.
+  concatenation, minus the last ``purge_bars + embargo`` before ``val_start``.
 - Purge: a training bar j carries a label that reaches bar ``j + max_horizon()``; dropping
   the last ``purge_bars >= max_horizon()`` training bars keeps every training label strictly
-  before the first validation bar. Embargo adds a further gap.
+  before the first validation bar. The embargo adds a further gap: by default (reference §7.4,
+  forward-only walk-forward) ``max(label horizon, longest feature look-back)`` bars, so no
+  validation feature's window reaches a bar whose label was fitted.
 - Normalisation statistics are fitted on ``[train_start, train_end)`` only, by the trainer.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +31,11 @@ import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from fx_assets.core import calendar
+from fx_assets.core.bar_features import BarFeatureConfig, build_registry
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.labels import max_horizon
+from fx_assets.core.ofi import OfiConfig
 
 I64 = npt.NDArray[np.int64]
 
@@ -46,8 +51,11 @@ class FoldConfig(ConfigModel):
         description="Training bars dropped before validation start; must be >= the longest label horizon "
         "(labels.max_horizon(): entry lag + longest horizon) so no training label reaches validation.",
     )
-    embargo_bars: int = Field(
-        default=0, ge=0, description="Extra gap (bars) between training end and validation."
+    embargo_bars: int | None = Field(
+        default=None,
+        ge=0,
+        description="Extra gap (bars) between training end (after the purge) and validation. None: "
+        "max(label horizon, longest feature look-back of the pipeline's feature configs).",
     )
     warmup_bars: int = Field(
         ge=0, description="Bars excluded at the start of the concatenation (feature warm-up)."
@@ -113,6 +121,26 @@ def _quarter_name(start_ns: int) -> str:
     return calendar.quarter_label(dt.datetime.fromtimestamp(start_ns / 1e9, tz=dt.UTC).date())
 
 
+#: A recursive indicator's look-back: the bars after which its start weighs less than this.
+LOOKBACK_WEIGHT = 0.01
+
+
+def feature_lookback(bar_features: BarFeatureConfig, ofi: OfiConfig) -> int:
+    """Longest trailing window (bars) of any model input, for the default embargo.
+
+    Rolling windows count in full (OFI bar-count windows too). A recursive indicator (EWMA,
+    Wilder, CUSUM) depends on every past bar; its registry ``window`` is where the start's
+    weight falls to ``memory_tol`` (≈1e-12, for exact partition equivalence), so its look-back
+    here is where that weight falls to :data:`LOOKBACK_WEIGHT` instead (EWMA span 100: 231 bars).
+    """
+    scale = math.log(LOOKBACK_WEIGHT) / math.log(bar_features.memory_tol)
+    out = int(ofi.effective_warmup_bars)
+    for spec in build_registry(bar_features):
+        recursive = spec.window > spec.warmup + 2  # a rolling window of w bars has warm-up w - 1 or w - 2
+        out = max(out, math.ceil(spec.window * scale) if recursive else spec.window)
+    return out
+
+
 def fold_range(
     ts_concat: npt.ArrayLike,
     quarter_starts_ns: Sequence[int],
@@ -120,6 +148,7 @@ def fold_range(
     config: FoldConfig,
     *,
     label_horizon: int | None = None,
+    feature_lookback: int = 0,
     name: str | None = None,
 ) -> FoldRange:
     """Train / validation ranges of one fold from bar close times alone.
@@ -129,7 +158,9 @@ def fold_range(
     more entry may close the last quarter; otherwise the last quarter runs to the data's end).
     ``val_quarter_index``: which of them is validated; the ``config.train_quarters`` quarters
     before it train. ``label_horizon``: the horizon of the labels actually used (checked
-    against ``purge_bars``; defaults to ``labels.max_horizon()``).
+    against ``purge_bars``; defaults to ``labels.max_horizon()``). ``feature_lookback``: the
+    longest feature window in bars (:func:`feature_lookback`); with ``config.embargo_bars``
+    None the embargo is ``max(label horizon, feature_lookback)``.
     Raises ``FxDataError`` naming the fold when a slice would be empty or inputs are bad.
     """
     ts = np.asarray(ts_concat, dtype=np.int64)
@@ -156,20 +187,23 @@ def fold_range(
         raise FxDataError(
             f"fold {fold}: purge_bars={config.purge_bars} < label horizon {horizon}; labels would leak"
         )
+    if feature_lookback < 0:
+        raise FxDataError(f"fold {fold}: feature_lookback={feature_lookback} must be >= 0")
+    embargo = max(horizon, int(feature_lookback)) if config.embargo_bars is None else config.embargo_bars
 
     n = ts.shape[0]
     q_first = int(np.searchsorted(ts, qs[i - n_q], side="left"))
     v0 = int(np.searchsorted(ts, qs[i], side="left"))
     v1 = int(np.searchsorted(ts, qs[i + 1], side="left")) if i + 1 < len(qs) else n
     t0 = max(q_first, config.warmup_bars)
-    t1 = v0 - config.purge_bars - config.embargo_bars
+    t1 = v0 - config.purge_bars - embargo
     if v1 <= v0:
         raise FxDataError(f"fold {fold}: the validation quarter has no bars")
     if t1 <= t0:
         raise FxDataError(
             f"fold {fold}: empty training slice: {v0 - q_first} bars in {n_q} training quarter(s), "
             f"minus warm-up {max(0, config.warmup_bars - q_first)}, purge {config.purge_bars}, "
-            f"embargo {config.embargo_bars}"
+            f"embargo {embargo}"
         )
     return FoldRange(
         name=fold,
@@ -182,7 +216,7 @@ def fold_range(
         val_first_ts=int(ts[v0]),
         val_last_ts=int(ts[v1 - 1]),
         purge_bars=config.purge_bars,
-        embargo_bars=config.embargo_bars,
+        embargo_bars=embargo,
         warmup_excluded=t0 - q_first,
     )
 

@@ -7,14 +7,12 @@ rank-based ROC AUC. Returns are log returns throughout, so they add over bars an
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from fx_assets.core import calendar
 from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
@@ -67,9 +65,10 @@ def daily_returns(
 ) -> tuple[npt.NDArray[np.int64], F64]:
     """Session sums of bar log returns: (session days, R_D).
 
-    ``session_ids``: per bar, ``calendar.session_day`` (days since epoch). Open sessions with
-    no bars count as 0: ``all_sessions`` lists them, default every Mon-Fri session between
-    the first and the last one seen.
+    ``session_ids``: per bar, ``calendar.session_day`` (days since epoch). By default the
+    sessions are those present in the data: a weekday without bars is an exchange holiday (or
+    no data), not a flat trading day, so it adds no zero-return day. ``all_sessions`` lists the
+    open sessions explicitly; an open session without bars then counts as 0.
     """
     r = _vec(returns, "returns")
     s = np.asarray(session_ids, dtype=np.int64)
@@ -80,11 +79,7 @@ def daily_returns(
     if r.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     if all_sessions is None:
-        epoch = dt.date(1970, 1, 1)
-        first = epoch + dt.timedelta(days=int(s.min()))
-        last = epoch + dt.timedelta(days=int(s.max()))
-        days = calendar.sessions_between(first, last).astype(np.int64)
-        days = np.union1d(days, s)  # a bar in a non-weekday session still counts
+        days = np.unique(s)
     else:
         days = np.unique(np.asarray(all_sessions, dtype=np.int64))
         missing = np.setdiff1d(s, days)
@@ -99,6 +94,8 @@ def daily_returns(
 def _sharpe(x: F64, periods: float) -> float:
     if x.size < 2:
         return math.nan
+    if not np.any(x):  # a flat book: no return, no risk -> 0 (a model that stays out earns nothing)
+        return 0.0
     sd = float(np.std(x, ddof=1))
     if not sd > 0:
         return math.nan
@@ -113,7 +110,7 @@ def sharpe_daily(
 ) -> float:
     """Primary Sharpe: ``sqrt(periods) * mean(R_D) / std(R_D, ddof=1)`` over sessions.
 
-    NaN with fewer than two sessions or zero variance.
+    NaN with fewer than two sessions or zero variance, except 0 for all-zero returns (flat).
     """
     _, rd = daily_returns(returns, session_ids, all_sessions)
     return _sharpe(rd, periods)
@@ -193,3 +190,57 @@ def auc_returns(scores: npt.ArrayLike, y: npt.ArrayLike) -> float:
         raise FxDataError(f"scores {s.shape} and y {yy.shape} differ in length")
     keep = (yy != 0) & np.isfinite(yy)
     return auc(s[keep], yy[keep] > 0)
+
+
+@dataclass(frozen=True)
+class AucNull:
+    """An AUC against its empirical null from block-permuted labels."""
+
+    auc: float
+    null_sd: float  # sd of the permuted AUCs around 0.5
+    z: float  # (auc - 0.5) / null_sd
+    p_value: float  # two-sided: share of permuted |AUC - 0.5| >= the observed one, (k + 1) / (n + 1)
+    n_perm: int
+    block: int
+
+
+def auc_block_null(
+    scores: npt.ArrayLike, y: npt.ArrayLike, block: int, n_perm: int = 200, seed: int = 0
+) -> AucNull:
+    """AUC of ``scores`` for ``1{y > 0}`` with a null distribution from block-permuted labels.
+
+    Overlapping multi-horizon labels are autocorrelated up to their longest horizon, so
+    ``1/sqrt(n)`` understates the AUC's spread under the null. Permuting the labels in blocks of
+    ``block`` consecutive bars (``block`` longer than the longest label horizon) keeps that
+    dependence and breaks only the alignment of scores and labels: the permuted AUCs are the
+    null. Bars with ``y == 0`` or NaN are dropped first (as in :func:`auc_returns`).
+    """
+    s = _vec(scores, "scores")
+    yy = _vec(y, "y")
+    if s.shape != yy.shape:
+        raise FxDataError(f"scores {s.shape} and y {yy.shape} differ in length")
+    if block < 1 or n_perm < 1:
+        raise FxDataError(f"auc_block_null: block {block} and n_perm {n_perm} must be >= 1")
+    keep = (yy != 0) & np.isfinite(yy)
+    s, z = s[keep], yy[keep] > 0
+    a = auc(s, z)
+    n, n1 = z.size, int(z.sum())
+    n_blocks = -(-n // block) if n else 0
+    if math.isnan(a) or n_blocks < 2:
+        return AucNull(a, math.nan, math.nan, math.nan, 0, block)
+    ranks = average_ranks(s)
+    starts = np.arange(n_blocks) * block
+    lens = np.minimum(starts + block, n) - starts
+    rng = np.random.default_rng(seed)
+    null = np.empty(n_perm)
+    base = n1 * (n1 + 1) / 2.0
+    for k in range(n_perm):
+        order = rng.permutation(n_blocks)
+        ln = lens[order]
+        # concatenated blocks in permuted order: start of each block + offset within it
+        idx = np.repeat(starts[order] - np.cumsum(ln) + ln, ln) + np.arange(n)
+        null[k] = (ranks[z[idx]].sum() - base) / (n1 * (n - n1))
+    dev = np.abs(null - 0.5)
+    sd = float(np.sqrt(np.mean((null - 0.5) ** 2)))
+    p = float((1 + np.sum(dev >= abs(a - 0.5) - 1e-15)) / (n_perm + 1))
+    return AucNull(a, sd, (a - 0.5) / sd if sd > 0 else math.nan, p, n_perm, block)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -390,13 +389,3 @@ def test_arrow_roundtrip_time_features_and_bad_input() -> None:
     bad = BarTable(**{**bars.columns(), "close": np.r_[bars.close[:5], -1.0, bars.close[6:]]})
     with pytest.raises(FxDataError, match="'close' bar 5"):
         compute_bar_features(bad)
-
-
-def test_feature_throughput() -> None:
-    bars = _gbm_bars(20_000, seed=9)
-    compute_bar_features(bars.slice(0, 100))
-    t0 = time.perf_counter()
-    compute_bar_features(bars)
-    rate = len(bars) / (time.perf_counter() - t0)
-    print(f"bar features: {rate / 1e3:.0f} k bars/s")
-    assert rate > 20_000

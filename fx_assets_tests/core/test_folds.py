@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import numpy as np
 import pydantic
@@ -152,3 +153,35 @@ def test_fold_config_is_frozen_and_strict() -> None:
         FoldConfig(train_quarters=0, purge_bars=40, warmup_bars=0)
     with pytest.raises(pydantic.ValidationError):
         FoldConfig(train_quarters=1, purge_bars=40, warmup_bars=0, bogus=1)  # type: ignore[call-arg]
+
+
+def test_default_embargo_is_the_longest_label_or_feature_reach() -> None:
+    """reference §7.4: forward-only walk-forward leaves max(label horizon, longest feature
+    look-back) bars before validation, on top of the purge; an explicit embargo_bars wins."""
+    ts = concat_ts()
+    base = FoldConfig(train_quarters=2, purge_bars=max_horizon(), warmup_bars=0)
+    assert base.embargo_bars is None
+    a = fold_range(ts, STARTS, 2, base, feature_lookback=50)
+    assert a.embargo_bars == 50 and a.val_start - a.train_end == max_horizon() + 50
+    b = fold_range(ts, STARTS, 2, base, feature_lookback=7)  # the label reach is longer
+    assert b.embargo_bars == max_horizon() and b.val_start - b.train_end == 2 * max_horizon()
+    c = fold_range(ts, STARTS, 2, base.model_copy(update={"embargo_bars": 0}), feature_lookback=50)
+    assert c.embargo_bars == 0 and c.val_start - c.train_end == max_horizon()
+    with pytest.raises(FxDataError, match="feature_lookback"):
+        fold_range(ts, STARTS, 2, base, feature_lookback=-1)
+
+
+def test_pipeline_feature_lookback_is_the_longest_feature_window() -> None:
+    from fx_assets.core.bar_features import BarFeatureConfig
+    from fx_assets.core.folds import feature_lookback
+    from fx_assets.core.ofi import OfiConfig
+
+    got = feature_lookback(BarFeatureConfig(), OfiConfig())
+    # the EWMA vol (span 100, alpha 2/101): its start weighs < 1% after ln(0.01)/ln(1 - alpha) bars
+    alpha = 2 / 101
+    assert got == math.ceil(1383 * math.log(0.01) / math.log(BarFeatureConfig().memory_tol))
+    assert abs(got - math.log(0.01) / math.log1p(-alpha)) < 2
+    longer = feature_lookback(
+        BarFeatureConfig(), OfiConfig(warmup_bars=400)
+    )  # a rolling window counts in full
+    assert longer == 400

@@ -66,26 +66,45 @@ def test_hit_rate_and_coverage() -> None:
 
 
 def test_sharpe_daily_with_sessions() -> None:
-    # three sessions with bars (Tue, Wed, Fri) and a Thursday with none -> counts as 0
+    # three sessions with bars (Tue, Wed, Fri); the Thursday without bars is no session of the data
     s = np.array([day("2024-01-02")] * 3 + [day("2024-01-03")] * 2 + [day("2024-01-05")] * 2)
     r = np.array([0.01, -0.005, 0.002, 0.003, 0.004, -0.01, 0.0])
     days, rd = daily_returns(r, s)
-    assert days.tolist() == [day("2024-01-02"), day("2024-01-03"), day("2024-01-04"), day("2024-01-05")]
-    np.testing.assert_allclose(rd, [0.007, 0.007, 0.0, -0.01], atol=1e-15)
-    mean = (0.007 + 0.007 + 0.0 - 0.01) / 4
-    sd = math.sqrt(sum((x - mean) ** 2 for x in [0.007, 0.007, 0.0, -0.01]) / 3)  # ddof = 1
+    assert days.tolist() == [day("2024-01-02"), day("2024-01-03"), day("2024-01-05")]
+    np.testing.assert_allclose(rd, [0.007, 0.007, -0.01], atol=1e-15)
+    mean = (0.007 + 0.007 - 0.01) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in [0.007, 0.007, -0.01]) / 2)  # ddof = 1
     assert sharpe_daily(r, s) == pytest.approx(math.sqrt(252) * mean / sd, rel=1e-12)
     assert sharpe_daily(r, s, periods=365) == pytest.approx(math.sqrt(365) * mean / sd, rel=1e-12)
-    # explicit session list: only the days with bars -> three-day Sharpe
-    rd3 = np.array([0.007, 0.007, -0.01])
-    sr3 = math.sqrt(252) * rd3.mean() / rd3.std(ddof=1)
-    assert sharpe_daily(r, s, all_sessions=np.unique(s)) == pytest.approx(sr3, rel=1e-12)
+    # an explicit list of open sessions: an open session without bars counts as 0
+    open_days = [day("2024-01-02"), day("2024-01-03"), day("2024-01-04"), day("2024-01-05")]
+    rd4 = np.array([0.007, 0.007, 0.0, -0.01])
+    sr4 = math.sqrt(252) * rd4.mean() / rd4.std(ddof=1)
+    assert sharpe_daily(r, s, all_sessions=open_days) == pytest.approx(sr4, rel=1e-12)
     # the weekend between Friday and Monday is not a session
     s2 = np.array([day("2024-01-05"), day("2024-01-08")])
     assert daily_returns(np.array([0.01, 0.02]), s2)[0].size == 2
     assert math.isnan(sharpe_daily(np.array([0.01, 0.02]), np.array([day("2024-01-02")] * 2)))
+    # a flat book earns nothing with no risk: 0, not NaN; a constant non-zero day return is NaN
+    assert sharpe_daily(np.zeros(4), np.array([day("2024-01-02"), day("2024-01-03")] * 2)) == 0.0
+    assert math.isnan(sharpe_daily(np.full(2, 0.01), np.array([day("2024-01-02"), day("2024-01-03")])))
     with pytest.raises(FxDataError, match="no session"):
         daily_returns(np.array([0.1]), np.array([-1]))
+
+
+def test_exchange_holidays_are_not_zero_return_days() -> None:
+    """Christmas and New Year's Day have no session: with bars on the open days only, the daily
+    Sharpe is that of the open days (a holiday counted as a 0 day would shrink the std)."""
+    days_open = [day(d) for d in ("2024-12-23", "2024-12-24", "2024-12-26", "2024-12-27", "2024-12-30")]
+    days_open += [day(d) for d in ("2024-12-31", "2025-01-02", "2025-01-03")]
+    rng = np.random.default_rng(4)
+    s = np.repeat(days_open, 5)
+    r = rng.normal(0.002, 0.003, s.size)
+    days, rd = daily_returns(r, s)
+    assert days.tolist() == days_open
+    expect = np.array([r[s == d].sum() for d in days_open])
+    np.testing.assert_allclose(rd, expect, rtol=0, atol=1e-15)
+    assert sharpe_daily(r, s) == pytest.approx(math.sqrt(252) * expect.mean() / expect.std(ddof=1), rel=1e-12)
 
 
 def test_sharpe_bar_annualised() -> None:
@@ -132,3 +151,32 @@ def test_auc_returns_drops_zero_returns() -> None:
     s = np.array([0.9, 0.1, 0.5, 0.7, 0.3])
     y = np.array([0.02, -0.01, 0.0, 0.01, np.nan])
     assert auc_returns(s, y) == pytest.approx(brute_auc(s[[0, 1, 3]], np.array([1, 0, 1])))
+
+
+def test_auc_block_null_widens_with_label_overlap_and_flags_real_skill() -> None:
+    """On a random walk, overlapping 30-bar labels make the AUC of a persistent noise score far
+    more variable than 1/sqrt(n) says; the block-permutation null sees it. A real edge is flagged."""
+    from fx_assets.core.metrics import auc_block_null
+
+    rng = np.random.default_rng(7)
+    n, h = 6000, 30
+    eps = rng.standard_normal(n + h + 1)
+    logc = np.cumsum(eps)
+    y = logc[1 + h : 1 + h + n] - logc[1 : n + 1]  # overlapping h-bar forward returns
+    # a slowly varying noise score (AR(1), like a smoothed feature), independent of y
+    s = np.zeros(n)
+    for t in range(1, n):
+        s[t] = 0.97 * s[t - 1] + rng.standard_normal()
+    res = auc_block_null(s, y, block=4 * h, n_perm=300, seed=1)
+    naive_se = 1 / math.sqrt(3 * n)  # the i.i.d. standard error of an AUC near 0.5
+    assert res.null_sd > 3 * naive_se, (res, naive_se)
+    assert res.p_value > 0.01 and res.n_perm == 300
+    # exact permutation arithmetic: a score equal to the label has AUC 1 and p = 1 / (n_perm + 1)
+    sure = auc_block_null(y, y, block=4 * h, n_perm=50)
+    assert sure.auc == 1.0 and sure.p_value == pytest.approx(1 / 51)
+    # a weak real edge on the 1-bar return
+    r1 = eps[1 : n + 1]
+    edge = auc_block_null(0.15 * r1 + rng.standard_normal(n), r1, block=64, n_perm=300, seed=2)
+    assert edge.p_value < 0.01 and edge.z > 3, edge
+    with pytest.raises(FxDataError, match="block"):
+        auc_block_null(s, y, block=0)

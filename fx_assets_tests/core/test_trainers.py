@@ -21,7 +21,7 @@ from fx_assets.core.folds import FoldConfig, FoldRange, fold_range
 from fx_assets.core.trainers import FoldData, TrainConfig, fold_transition, train_dqn, train_mlp
 from fx_assets.core.trainers.common import load_state
 from fx_assets.core.trainers.dqn import build_qnet, greedy_table, resolve_positions
-from fx_assets.core.trainers.mlp import build_mlp, positions_from_proba, predict_proba
+from fx_assets.core.trainers.mlp import band_positions, build_mlp, predict_proba
 
 QUARTER_BARS = 3000
 N_NOISE = 15
@@ -226,22 +226,78 @@ def test_mlp_finds_planted_signal(signal_fold: FoldData, tmp_path: Path) -> None
     res = train_mlp(signal_fold, MLP_CFG, tmp_path, ["k1"])
     m = res.metrics
     n = signal_fold.x_val.shape[0]
-    se = math.sqrt(1 / (3 * n))
-    assert m["auc"] > 0.5 + 4 * se, m
-    assert m["auc_h1"] > 0.5 + 6 * se, m
+    assert m["auc_null_z"] > LEAK_Z and m["auc_h1_null_z"] > LEAK_Z and m["auc_null_p"] < 0.01, m
     assert m["sharpe"] > 1.0 and m["total_return"] > 0 and m["t_stat"] > 3, m
+    assert m["gross_sharpe"] > m["net_sharpe"] == m["sharpe"] and m["cost_paid"] > 0, m  # net after costs
     assert 0 <= m["max_drawdown"] < 1 and 0 < m["turnover"] <= 2 and m["hit_rate"] > 0.5
     assert res.equity.shape == (n + 1,) and res.val_positions.shape == (n,)
     np.testing.assert_allclose(res.equity[-1], math.exp(m["total_log_return"]))
 
 
-def test_mlp_null_market_has_no_skill(null_fold: FoldData, tmp_path: Path) -> None:
+LEAK_Z = 3.0  # |AUC - 0.5| in sds of its block-permutation null (metrics.auc_block_null)
+
+
+def detector_flags(m: dict[str, float]) -> list[str]:
+    """The leak detector: validation AUCs (target and 1-bar return) beyond LEAK_Z sds of their
+    empirical null, or a profit with a daily t above 3."""
+    flags = [k for k in ("auc_null_z", "auc_h1_null_z") if abs(m[k]) >= LEAK_Z]
+    n_days = m["n_sessions"]
+    if math.isfinite(m["sharpe"]) and m["sharpe"] / math.sqrt(252) * math.sqrt(n_days) >= 3.0:
+        flags.append("sharpe")
+    return flags
+
+
+def test_mlp_null_market_has_no_skill_and_stays_flat(null_fold: FoldData, tmp_path: Path) -> None:
     res = train_mlp(null_fold, MLP_CFG, tmp_path, ["k1"])
-    n = null_fold.x_val.shape[0]
-    se = math.sqrt(1 / (3 * n))
-    # early stopping picks the best validation epoch (a mild selection bias), still within noise
-    assert abs(res.metrics["auc_h1"] - 0.5) < 4 * se, res.metrics
-    assert res.metrics["t_stat"] < 3.0, res.metrics
+    m = res.metrics
+    assert detector_flags(m) == [], m
+    # no edge survives the cost on the inner block: the band keeps the model out of the market
+    assert m["band_enter"] == 0.5 and m["turnover"] == 0 and m["net_total_log_return"] == 0, m
+
+
+def test_mlp_band_follows_the_cost(signal_fold: FoldData, tmp_path: Path) -> None:
+    """The band is chosen on the inner block after costs: a cost above the edge keeps the model
+    flat where the cost-blind rule trades every bar's sign (and loses)."""
+    dear = MLP_CFG.model_copy(update={"cost": 2e-3})
+    blind = train_mlp(signal_fold, dear.model_copy(update={"trade_band": "fixed"}), tmp_path / "b", ["k"])
+    band = train_mlp(signal_fold, dear, tmp_path / "a", ["k"])
+    assert blind.metrics["coverage"] > 0.9 and blind.metrics["net_total_log_return"] < 0, blind.metrics
+    assert band.metrics["turnover"] == 0 and band.metrics["net_total_log_return"] == 0, band.metrics
+    assert band.metrics["gross_sharpe"] == band.metrics["net_sharpe"] == 0.0  # flat: no return, no risk
+    assert blind.metrics["gross_total_log_return"] - blind.metrics["net_total_log_return"] == pytest.approx(
+        blind.metrics["cost_paid"]
+    )
+    # without an inner hold-out the band comes from the (in-sample) training tail, never validation
+    v = train_mlp(
+        signal_fold,
+        dear.model_copy(update={"early_stopping": "validation", "epochs": 1}),
+        tmp_path / "v",
+        ["k"],
+    )
+    assert v.metrics["band_candidates"] > 0 and math.isfinite(v.metrics["band_inner_t"])
+
+
+def _leaky_null_fold(cfg: TrainConfig, seed: int, rho: float = 0.3) -> FoldData:
+    """A null market whose input n0 is replaced by a one-bar look-ahead: at row j the return the
+    position earns next, ln C[j+2] - ln C[j+1] (entry lag 1), mixed with noise (corr ``rho``)."""
+    ts, values = make_market(3, 0.0, seed)
+    logc = np.log(values[:, 1])
+    fwd = np.zeros(len(ts))
+    fwd[:-2] = logc[2:] - logc[1:-1]
+    noise = np.random.default_rng(seed + 100).standard_normal(len(ts))
+    col = COLUMNS.index("n0")
+    values[:, col] = rho * fwd / fwd.std() + math.sqrt(1 - rho**2) * noise
+    store, keys = load_store(ts, values, 3)
+    return fold_transition(store.concat_view(keys), make_range(ts, 3, 2), cfg)
+
+
+def test_planted_lookahead_fails_the_detector(null_fold: FoldData, tmp_path: Path) -> None:
+    """Mutation test: the detector that passes the null market must fail it once one input looks
+    one bar ahead, for both trainers."""
+    mlp = train_mlp(_leaky_null_fold(MLP_CFG, 12), MLP_CFG, tmp_path / "m", ["k"]).metrics
+    assert "auc_h1_null_z" in detector_flags(mlp), mlp
+    dqn = train_dqn(_leaky_null_fold(DQN_CFG, 12), DQN_CFG, tmp_path / "d", ["k"]).metrics
+    assert detector_flags(dqn), dqn
 
 
 def test_mlp_shuffled_training_labels_kill_skill(signal_fold: FoldData, tmp_path: Path) -> None:
@@ -287,7 +343,11 @@ def test_mlp_deterministic_and_checkpoints(signal_fold: FoldData, tmp_path: Path
     model.load_state_dict(load_state(a.best_path))
     p = predict_proba(model, signal_fold.x_val).double().numpy()
     np.testing.assert_array_equal(
-        np.where(np.isfinite(signal_fold.r1_val.numpy()), positions_from_proba(p, cfg.eval_threshold), 0),
+        np.where(
+            np.isfinite(signal_fold.r1_val.numpy()),
+            band_positions(p, a.metrics["band_enter"], a.metrics["band_exit"]),
+            0,
+        ),
         a.val_positions,
     )
     assert a.last_path.exists() and build_mlp(side["architecture"]).load_state_dict(load_state(a.last_path))
@@ -322,7 +382,7 @@ def test_dqn_beats_flat_on_signal_and_is_deterministic(tmp_path: Path) -> None:
 def test_dqn_null_and_shuffled_have_no_skill(tmp_path: Path) -> None:
     null = build_fold(0.0, 22, DQN_CFG)[0]
     r = train_dqn(null, DQN_CFG, tmp_path / "n", ["k"])
-    assert r.metrics["t_stat"] < 3.0, r.metrics
+    assert detector_flags(r.metrics) == [] and r.metrics["t_stat"] < 3.0, r.metrics
     sig = build_fold(0.35, 23, DQN_CFG)[0]
     perm = torch.randperm(sig.r1_train.shape[0], generator=torch.Generator().manual_seed(1))
     shuffled = dataclasses.replace(sig, y_train=sig.y_train[perm], r1_train=sig.r1_train[perm])

@@ -77,7 +77,24 @@ class TrainConfig(ConfigModel):
     std_floor: float = Field(1e-12, gt=0, description="A column with train std below this is centred only.")
     clip_z: float = Field(10.0, gt=0, description="Normalised inputs are clipped to ±clip_z.")
     eval_threshold: float = Field(
-        0.0, ge=0, lt=0.5, description="MLP trades only when |p − 0.5| > threshold (else flat)."
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="MLP with trade_band='fixed': trades only when |p − 0.5| > threshold (else flat).",
+    )
+    trade_band: Literal["inner", "fixed"] = Field(
+        "inner",
+        description="MLP trading rule. 'inner': a no-trade band on |p − 0.5| (enter above, exit "
+        "below a lower level) chosen after costs on the inner purged block of the training rows, "
+        "flat unless the chosen band's inner net daily t-statistic reaches band_min_t; 'fixed': "
+        "flat inside ±eval_threshold, costs ignored. With early_stopping='validation' the band is "
+        "chosen on the same last inner_frac of the training rows, which the model was then fitted on.",
+    )
+    band_min_t: float = Field(
+        3.0,
+        ge=0,
+        description="Net daily t-statistic (inner block) a band must reach to trade at all; it is the "
+        "best of a few candidates, so the bar sits above the usual 2.",
     )
     val_metric: Literal["auto", "auc", "sharpe", "total_return"] = Field(
         "auto", description="Early-stopping metric (auto: AUC for MLP, Sharpe for DQN)."
@@ -321,15 +338,25 @@ def evaluate_positions(
     validation bars, whose prices lie past the quarter), so a final position is closed and its
     cost paid. Net returns follow ``metrics.strategy_returns``; the equity curve is
     ``metrics.equity_curve`` (``E_0 = 1`` then one point per validation bar, length n + 1).
+    ``sharpe``, ``total_return``, ``t_stat`` are net of cost; ``gross_*`` are the same figures
+    before cost, ``net_*`` repeat the net ones under an explicit name, ``cost_paid`` is the sum of
+    ``cost · |Δpos|`` (log-return units).
     """
     ok = np.isfinite(r1)
     p = np.where(ok, pos, 0).astype(np.int8)
     y = np.where(ok, r1, 0.0)
     ret = M.strategy_returns(p, y, cost)
+    gross = M.strategy_returns(p, y, 0.0)
     hr = M.hit_rate(p, np.where(ok, r1, np.nan))
-    sd = float(ret.std(ddof=1)) if ret.size > 1 else 0.0
+
+    def t_stat(x: npt.NDArray[np.float64]) -> float:
+        sd = float(x.std(ddof=1)) if x.size > 1 else 0.0
+        return float(x.mean() / (sd / math.sqrt(x.size))) if sd > 0 else 0.0
+
+    sharpe = float(M.sharpe_daily(ret, sessions))
+    gross_sharpe = float(M.sharpe_daily(gross, sessions))
     out = {
-        "sharpe": float(M.sharpe_daily(ret, sessions)),
+        "sharpe": sharpe,
         "max_drawdown": float(M.max_drawdown(ret)),
         "hit_rate": hr.rate,
         "coverage": hr.coverage,
@@ -338,11 +365,38 @@ def evaluate_positions(
         "total_return": float(np.expm1(ret.sum())),  # compounded
         "mean_bar_return": float(ret.mean()),
         # t statistic of the mean bar return: the "consistent profit" check of the null market.
-        "t_stat": float(ret.mean() / (sd / math.sqrt(ret.size))) if sd > 0 else 0.0,
+        "t_stat": t_stat(ret),
+        "gross_sharpe": gross_sharpe,
+        "net_sharpe": sharpe,
+        "gross_total_log_return": float(gross.sum()),
+        "net_total_log_return": float(ret.sum()),
+        "gross_t_stat": t_stat(gross),
+        "cost_paid": float(gross.sum() - ret.sum()),
         "n_val_bars": float(ret.size),
         "n_sessions": float(np.unique(sessions).size),
     }
     return out, p, ret, M.equity_curve(ret)
+
+
+def leak_detector(
+    scores: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    r1: npt.NDArray[np.float64],
+    cfg: TrainConfig,
+    n_perm: int = 200,
+) -> dict[str, float]:
+    """Validation AUCs against their empirical null: labels permuted in blocks of twice the label
+    reach (longer than the longest horizon), so overlapping labels widen the null as they should.
+
+    ``auc_null_{sd,z,p}`` for the training target's sign, ``auc_h1_null_{sd,z,p}`` for the 1-bar
+    return's sign. Without edge ``z`` is O(1) and ``p`` uniform; a leak (or real skill) drives
+    ``|z|`` up and ``p`` to ``1 / (n_perm + 1)``.
+    """
+    out: dict[str, float] = {"auc_null_block": float(2 * cfg.purge_bars), "auc_null_n_perm": float(n_perm)}
+    for name, lab in (("auc", y), ("auc_h1", r1)):
+        res = M.auc_block_null(scores, lab, block=2 * cfg.purge_bars, n_perm=n_perm, seed=cfg.seed)
+        out.update({f"{name}_null_sd": res.null_sd, f"{name}_null_z": res.z, f"{name}_null_p": res.p_value})
+    return out
 
 
 # ---------------------------------------------------------------------------- results, checkpoints
@@ -393,7 +447,7 @@ def finish_training(
     history: list[dict[str, float]],
 ) -> TrainResult:
     """Write the checkpoints and hand back the best epoch's validation results."""
-    m, pos, ret, eq = best_out
+    m, pos, ret, eq = best_out[:4]
     best_p, last_p, side_p = write_checkpoints(out_dir, best_state, last_state, sidecar)
     return TrainResult(
         metrics=dict(m),

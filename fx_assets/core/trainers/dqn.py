@@ -54,6 +54,7 @@ from fx_assets.core.trainers.common import (
     TrainResult,
     evaluate_positions,
     finish_training,
+    leak_detector,
     make_generator,
     make_optimizer,
     seeded,
@@ -311,7 +312,7 @@ def train_dqn(
                 cfg.eps_end - cfg.eps_start
             )
             t_train = time.perf_counter() - t0
-            m, pos, ret, eq = evaluate_greedy(online, fold.x_val, host, cfg)
+            m, pos, ret, eq, score = evaluate_greedy(online, fold.x_val, host, cfg)
             if cfg.early_stopping == "inner":
                 sel = evaluate_greedy(online, x[inner_start:], inner, cfg)[0][metric]
             else:
@@ -325,9 +326,10 @@ def train_dqn(
                 epoch_seconds=time.perf_counter() - t0,
             )
             history.append(m)
-            if stopper.update(epoch, sel, online, (m, pos, ret, eq)):
+            if stopper.update(epoch, sel, online, (m, pos, ret, eq, score)):
                 break
         best_epoch, best_state, best_out = stopper.finish()
+        best_out[0].update(leak_detector(best_out[4], host["y"], host["r1"], cfg))
         last_state = state_to_cpu(online)
 
     arch = {"kind": "dueling_dqn", "in_dim": in_dim, "hidden": list(cfg.hidden), "actions": [-1, 0, 1]}
@@ -355,12 +357,22 @@ def _host_block(y: torch.Tensor, r1: torch.Tensor, sessions: np.ndarray) -> dict
 
 def evaluate_greedy(
     model: torch.nn.Module, x: torch.Tensor, block: dict[str, np.ndarray], cfg: TrainConfig
-) -> tuple[dict[str, float], npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Greedy policy on one block of bars: one batched Q pass, one copy, a host scan."""
+) -> tuple[
+    dict[str, float],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+]:
+    """Greedy policy on one block of bars: one batched Q pass, one copy, a host scan.
+
+    (metrics, positions, net returns, equity, score); the score is Q(long) − Q(short) from flat.
+    """
     table_t, q = greedy_table(model, x)
     # Long-vs-short preference from flat, as a score for AUC against the sign of the target.
     score = (q[:, FLAT, 2] - q[:, FLAT, 0]).double().cpu().numpy()
     pos = resolve_positions(table_t.cpu().numpy(), np.isfinite(block["r1"]))
     m, p, ret, eq = evaluate_positions(pos, block["r1"], block["sessions"], cfg.cost)
     m["auc"] = M.auc_returns(score, block["y"])
-    return m, p, ret, eq
+    m["auc_h1"] = M.auc_returns(score, block["r1"])
+    return m, p, ret, eq, score

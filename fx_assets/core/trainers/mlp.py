@@ -1,11 +1,18 @@
 """Supervised baseline: an MLP on the fold's normalised inputs predicting the sign of the target.
 
-Owns the MLP trainer. Loss: BCE on ``1{y > 0}`` over training rows with ``y != 0`` (zero returns
-carry no sign). Validation, on the validation quarter only: AUC of the predicted probability
-against the sign of the target, and a trading evaluation of ``pos = sign(p − 0.5)`` (flat inside
-``±eval_threshold``) earning ``pos · y^(1) − cost · |Δpos|`` per bar: daily Sharpe over the
-session ids, max drawdown, hit rate, turnover. Early stopping keeps the best epoch by
-``cfg.metric_name()``; best and last weights go to safetensors with a JSON sidecar.
+Owns the MLP trainer and its trading rule. Loss: BCE on ``1{y > 0}`` over training rows with
+``y != 0`` (zero returns carry no sign). The trading rule turns the score ``s = p − 0.5`` into
+positions with a no-trade band (hysteresis): enter long above ``+enter``, short below
+``−enter``, go flat when the score falls back through ``±exit`` (``exit ≤ enter``). With
+``trade_band='inner'`` the band is chosen *after costs* on the inner purged block of the
+training rows (the block early stopping uses, never validation): the candidate with the largest
+inner net return among those whose inner net daily t-statistic reaches ``band_min_t``, else no
+trade at all (``enter = 0.5``: |s| < 0.5 always). A model without edge therefore stays flat.
+Validation, on the validation quarter only: AUC of ``p`` against the sign of the target with
+its block-permutation null (the leak detector), and the trading evaluation earning
+``pos · y^(1) − cost · |Δpos|`` per bar, gross and net: daily Sharpe over the session ids, max
+drawdown, hit rate, turnover. Early stopping keeps the best epoch by ``cfg.metric_name()``;
+best and last weights go to safetensors with a JSON sidecar.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from numba import njit
 
 from fx_assets.core import metrics as M
 from fx_assets.core.errors import FxDataError
@@ -30,6 +38,7 @@ from fx_assets.core.trainers.common import (
     TrainResult,
     evaluate_positions,
     finish_training,
+    leak_detector,
     make_generator,
     make_optimizer,
     mlp_layers,
@@ -63,21 +72,100 @@ def predict_proba(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def positions_from_proba(p: npt.NDArray[np.float64], threshold: float) -> npt.NDArray[np.int8]:
+    """Flat inside ``0.5 ± threshold``, else the sign of ``p − 0.5`` (no hysteresis)."""
     pos = np.zeros(p.shape[0], dtype=np.int8)
     pos[p > 0.5 + threshold] = 1
     pos[p < 0.5 - threshold] = -1
     return pos
 
 
-def block_metrics(
+@njit(cache=True)
+def _band_positions_nb(s: np.ndarray, allowed: np.ndarray, enter: float, exit_: float) -> np.ndarray:
+    n = s.shape[0]
+    out = np.zeros(n, dtype=np.int8)
+    p = 0
+    for t in range(n):
+        x = s[t]
+        if not allowed[t]:
+            p = 0
+        elif x > enter:
+            p = 1
+        elif x < -enter:
+            p = -1
+        elif (p == 1 and x <= exit_) or (p == -1 and x >= -exit_):
+            p = 0
+        out[t] = p
+    return out
+
+
+def band_positions(
+    p: npt.NDArray[np.float64], enter: float, exit_: float, allowed: npt.NDArray[np.bool_] | None = None
+) -> npt.NDArray[np.int8]:
+    """Positions from probabilities with the no-trade band ``(enter, exit_)`` on ``s = p − 0.5``."""
+    if not 0 <= exit_ <= enter:
+        raise FxDataError(f"band: need 0 <= exit {exit_} <= enter {enter}")
+    ok = np.ones(p.shape[0], dtype=np.bool_) if allowed is None else np.ascontiguousarray(allowed)
+    return _band_positions_nb(np.ascontiguousarray(p - 0.5, dtype=np.float64), ok, float(enter), float(exit_))
+
+
+BAND_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.98, 0.99)  # entry levels: quantiles of |p − 0.5| (inner)
+BAND_EXITS = (1.0, 0.5, 0.0)  # exit level as a fraction of the entry level
+NO_TRADE = 0.5  # an entry level no score reaches: |p − 0.5| < 0.5
+
+
+def choose_band(
     p: npt.NDArray[np.float64], block: dict[str, np.ndarray], cfg: TrainConfig
+) -> dict[str, float]:
+    """The no-trade band for ``cfg``, from the inner block's probabilities ``p`` (module docstring).
+
+    ``band_enter``/``band_exit``: the chosen levels on ``|p − 0.5|`` (``band_enter = 0.5``: never
+    trade); ``band_inner_net``/``band_inner_t``: the chosen candidate's inner net return and net
+    daily t-statistic (0 when flat); ``band_candidates``: how many were tried.
+    """
+    if cfg.trade_band == "fixed":
+        thr = cfg.eval_threshold
+        return {
+            "band_enter": thr,
+            "band_exit": thr,
+            "band_inner_net": math.nan,
+            "band_inner_t": math.nan,
+            "band_candidates": 0.0,
+        }
+    r1 = block["r1"]
+    ok = np.isfinite(r1)
+    y = np.where(ok, r1, 0.0)
+    a = np.abs(p - 0.5)
+    best = {"band_enter": NO_TRADE, "band_exit": NO_TRADE, "band_inner_net": 0.0, "band_inner_t": 0.0}
+    n_cand = 0
+    for q in BAND_QUANTILES:
+        enter = float(np.quantile(a, q)) if a.size else NO_TRADE
+        for f in BAND_EXITS:
+            n_cand += 1
+            pos = band_positions(p, enter, f * enter, ok)
+            ret = M.strategy_returns(pos, y, cfg.cost)
+            _, rd = M.daily_returns(ret, block["sessions"])
+            sd = float(rd.std(ddof=1)) if rd.size > 1 else 0.0
+            t = float(rd.mean() / sd * math.sqrt(rd.size)) if sd > 0 else 0.0
+            total = float(ret.sum())
+            if t >= cfg.band_min_t and total > best["band_inner_net"]:
+                best = {
+                    "band_enter": enter,
+                    "band_exit": f * enter,
+                    "band_inner_net": total,
+                    "band_inner_t": t,
+                }
+    return {**best, "band_candidates": float(n_cand)}
+
+
+def block_metrics(
+    p: npt.NDArray[np.float64], block: dict[str, np.ndarray], cfg: TrainConfig, band: dict[str, float]
 ) -> tuple[dict[str, float], npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """AUC and trading metrics of probabilities ``p`` on one block (validation or inner)."""
-    m, pos, ret, eq = evaluate_positions(
-        positions_from_proba(p, cfg.eval_threshold), block["r1"], block["sessions"], cfg.cost
-    )
+    """AUC and trading metrics (gross and net) of probabilities ``p`` on one block, trading with ``band``."""
+    pos = band_positions(p, band["band_enter"], band["band_exit"])
+    m, pos, ret, eq = evaluate_positions(pos, block["r1"], block["sessions"], cfg.cost)
     m["auc"] = M.auc_returns(p, block["y"])  # against the training target's sign
     m["auc_h1"] = M.auc_returns(p, block["r1"])  # against the 1-bar return's sign
+    m.update(band)
     return m, pos, ret, eq
 
 
@@ -109,6 +197,10 @@ def train_mlp(
         host = _host_block(fold.y_val, fold.r1_val, fold.val_sessions)
         inner = _host_block(
             fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
+        )
+        band_start = fold.x_train.shape[0] - max(1, int(fold.x_train.shape[0] * cfg.inner_frac))
+        band_tail = _host_block(
+            fold.y_train[band_start:], fold.r1_train[band_start:], fold.train_sessions[band_start:]
         )
         lossf = torch.nn.BCEWithLogitsLoss()
         # The step over full batches is a fixed op sequence on persistent tensors (the batch is
@@ -148,11 +240,14 @@ def train_mlp(
             train_loss = float(loss_sum) / steps  # the epoch's one sync
             t_train = time.perf_counter() - t0
             p = predict_proba(model, fold.x_val).double().cpu().numpy()
-            m, pos, ret, eq = block_metrics(p, host, cfg)
             if cfg.early_stopping == "inner":
                 pin = predict_proba(model, fold.x_train[inner_start:]).double().cpu().numpy()
-                sel = block_metrics(pin, inner, cfg)[0][metric]
-            else:
+                band = choose_band(pin, inner, cfg)  # after costs, on the inner block only
+                sel = block_metrics(pin, inner, cfg, band)[0][metric]
+                m, pos, ret, eq = block_metrics(p, host, cfg, band)
+            else:  # no held-out block: the band comes from the training tail, in sample
+                pin = predict_proba(model, fold.x_train[band_start:]).double().cpu().numpy()
+                m, pos, ret, eq = block_metrics(p, host, cfg, choose_band(pin, band_tail, cfg))
                 sel = m[metric]
             m.update(
                 epoch=float(epoch),
@@ -162,9 +257,10 @@ def train_mlp(
                 epoch_seconds=time.perf_counter() - t0,
             )
             history.append(m)
-            if stopper.update(epoch, sel, model, (m, pos, ret, eq)):
+            if stopper.update(epoch, sel, model, (m, pos, ret, eq, p)):
                 break
         best_epoch, best_state, best_out = stopper.finish()
+        best_out[0].update(leak_detector(best_out[4], host["y"], host["r1"], cfg))
         last_state = state_to_cpu(model)
 
     arch = {"kind": "mlp", "in_dim": fold.n_features, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
