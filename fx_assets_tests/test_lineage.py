@@ -146,15 +146,17 @@ def _asset_model_key(tmp_path: Path, loader, training=None) -> str:
         def key(self, stage: str) -> str:
             return f"fxcache-{self.part.label}"
 
+    cfg = training or default_training(2)
     mp = pytest.MonkeyPatch()
     mp.setattr(training_assets, "StageIO", FakeIO)
     try:
         _, key, _ = training_assets.model_dir(
             loader.storage,
             loader.pipeline,
-            training or default_training(2),
+            cfg,
             loader,
             QuarterSymbol(Q, "ES.FUT"),
+            cfg.folds.train_quarters or 2,  # the project's fold window follows the config here
         )
     finally:
         mp.undo()
