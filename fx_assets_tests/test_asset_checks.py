@@ -408,3 +408,20 @@ def test_automation_waits_for_blocking_checks_only_when_asked(built: tuple[Path,
         cursor=r.cursor,
     )
     assert {str(k) for k in r.get_requested_partitions(dg.AssetKey("bar_features"))} == {"2024-04|ES.FUT"}
+
+
+def test_the_graphs_conditions_wait_for_blocking_checks(built: tuple[Path, dg.Definitions]) -> None:
+    """The feature chain and the folds use the condition the test above proves (the report is
+    downstream of the folds, which already waited)."""
+    from fx_assets import automation
+
+    _, defs = built
+    graph = defs.resolve_asset_graph()
+    waiting = {
+        k.to_user_string()
+        for k in graph.get_all_asset_keys()
+        if graph.get(k).automation_condition is not None
+        and automation.BLOCKING_CHECKS_PASSED in graph.get(k).automation_condition.children
+    }
+    assert {"bars", "bar_features", "ofi_features", "fxcache"} <= waiting
+    assert automation.BLOCKING_CHECKS_PASSED in automation.EAGER_ALL.children  # the folds' condition

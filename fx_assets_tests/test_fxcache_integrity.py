@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fx_assets.assets.common import cached_result
+from fx_assets.assets.common import cached_result, save_build_metadata
 from fx_assets.core.fxcache import read_header, write_fxcache
 from fx_assets.partitions import QuarterSymbol
 
@@ -36,14 +36,17 @@ def test_reuse_verifies_checksums_and_rebuilds_a_changed_file(tmp_path: Path) ->
         "f32",
         bytes.fromhex(KEY),
     )
+    save_build_metadata(p, {"rows": n})  # what the stage records beside a file it built
     hit = cached_result(_io(p), "fxcache")  # type: ignore[arg-type]
     assert hit is not None and hit.metadata is not None and hit.metadata["action"] == "reused"
     h = read_header(p)
     raw = bytearray(p.read_bytes())
     raw[h.values_offset + 4 * (7 * h.row_width + 1)] ^= 0x01  # one finite feature value, low bit
     p.write_bytes(bytes(raw))
-    assert cached_result(_io(p), "fxcache") is None  # type: ignore[arg-type]
-    assert not p.exists()  # removed, so the stage rebuilds it
+    io = _io(p)
+    assert cached_result(io, "fxcache") is None  # type: ignore[arg-type]
+    # rebuilt, and replaced in place (a concurrent reader never sees it missing)
+    assert io.rebuild_reason == "checksum mismatch" and p.exists()
 
 
 def test_inspect_says_invalid_after_an_in_place_change(

@@ -7,7 +7,7 @@ declarative automation rebuilds exactly that partition's chain (only a *changed*
 counts as an update).
 
 A partition is reported only when **both** of its files (trades and MBP-10) exist and are
-**stable**: their size and mtime equal what the previous observation of the same asset saw.
+**stable**: their size, mtime, ctime and inode equal what the previous observation of the same asset saw.
 A file still being written therefore changes between observations and is not picked up; it
 is reported at the first observation after it stopped changing. Each asset keeps what it saw
 (and the identity it computed, so unchanged files are not hashed again) in its own small JSON
@@ -26,6 +26,7 @@ import dagster as dg
 
 from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.cachekey import SourceIdentity, canonical_json
+from fx_assets.core.source_hash import stat_stamp
 from fx_assets.partitions import parse_partition_key
 from fx_assets.resources.storage import FxStorage
 
@@ -40,12 +41,14 @@ def file_identity(path: Path, record_dir: Path | None = None) -> str:
     return hashlib.sha256(canonical_json(dataclasses.asdict(ident)).encode()).hexdigest()[:20]
 
 
-def _stat(path: Path) -> list[int] | None:
+def _stat(path: Path) -> dict[str, int] | None:
+    """The stat fields that move when a file is written or replaced (size, mtime, ctime, inode:
+    a same-size, same-mtime re-download still moves ctime and inode), or None when absent."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return None
-    return [st.st_size, st.st_mtime_ns]
+    return stat_stamp(st)
 
 
 def observation_state_file(storage: FxStorage, asset_name: str) -> Path:

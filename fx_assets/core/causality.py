@@ -39,12 +39,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, max_window
 from fx_assets.core.bars import BarConfig, BarTable
 from fx_assets.core.calendar import session_label
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar
 from fx_assets.core.sidecar import open_sidecar, sidecar_columns
@@ -63,10 +64,8 @@ from fx_assets.core.stages import (
 MAX_DRAWS = 16
 
 
-class CausalityConfig(BaseModel):
+class CausalityConfig(ConfigModel):
     """The causality spot-check: where it cuts and how much it recomputes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     window_bars: int = Field(
         8,

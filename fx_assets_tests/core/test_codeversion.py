@@ -60,7 +60,7 @@ def keys_with(versions: dict[str, str]) -> dict[str, str]:
     """Every stage key of one partition, computed with the given code versions."""
 
     def lookup(schema: str, quarter: dt.date) -> SourceIdentity | None:
-        return SourceIdentity(f"/raw/{schema}/{quarter}.dbn.zst", 1000, 5, "ab" * 32)
+        return SourceIdentity(f"/raw/{schema}/{quarter}.dbn.zst", 1000, "xxh3-128:" + "ab" * 16)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(codeversion, "stage_version", lambda s: versions[s])
@@ -204,7 +204,7 @@ def test_lineage_keys_use_the_derived_versions() -> None:
     cfg = StageConfigs(BarConfig(), BarFeatureConfig(), OfiConfig(), FxCacheConfig())
 
     def lookup(schema: str, quarter: dt.date) -> SourceIdentity | None:
-        return SourceIdentity(f"/raw/{schema}/{quarter}.dbn.zst", 1000, 5, "ab" * 32)
+        return SourceIdentity(f"/raw/{schema}/{quarter}.dbn.zst", 1000, "xxh3-128:" + "ab" * 16)
 
     assert lineage.fxcache_key(cfg, lookup, Q, lambda q: 10**6) == keys_with(versions)["fxcache"]
 
