@@ -30,6 +30,7 @@ import warnings
 
 import dagster as dg
 
+from fx_assets.assets.download import download_definitions
 from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
@@ -121,7 +122,8 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             )
         )
     sensors = make_sensors(partitions, train_parts, settings.train_quarters, storage)
-    return dg.Definitions(assets=assets, jobs=jobs, resources=resources, sensors=sensors)
+    defs = dg.Definitions(assets=assets, jobs=jobs, resources=resources, sensors=sensors)
+    return dg.Definitions.merge(defs, download_definitions())
 
 
 defs = build_definitions(load_settings())

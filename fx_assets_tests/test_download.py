@@ -277,3 +277,93 @@ def test_raw_observation_sees_downloaded_files(
             obs = rec.event_log_entry.asset_observation
             assert obs is not None and obs.partition == "2024-01|ES.FUT"
             assert obs.data_version
+
+
+# --- the download_raw job ---------------------------------------------------------------------
+
+
+def _dagster_text(inst: dg.DagsterInstance, run_id: str) -> str:
+    """Everything Dagster stored about a run: events (messages, metadata, errors), config, tags."""
+    run = inst.get_run_by_id(run_id)
+    assert run is not None
+    events = inst.all_logs(run_id)
+    return "\n".join(
+        [dg.serialize_value(e) for e in events] + [repr(run.run_config), repr(run.tags)]  # type: ignore[arg-type]
+    )
+
+
+def _download_run(defs: dg.Definitions, inst: dg.DagsterInstance, max_cost: float = 10.0):
+    job = defs.resolve_job_def("download_raw")
+    return job.execute_in_process(
+        instance=inst,
+        run_config={
+            "ops": {"download_raw_files": {"config": {"quarters": "2024-Q1", "max_cost_usd": max_cost}}}
+        },
+        raise_on_error=False,
+    )
+
+
+def _defs_with_fake(root: Path, fake: FakeDatabento) -> dg.Definitions:
+    from fx_assets.assets.download import DatabentoResource
+    from fx_assets.definitions import build_definitions
+    from fx_assets.settings import ProjectSettings
+
+    defs = build_definitions(ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=Q1))
+    # The code location's job and resources, with the gateway pointed at the fake.
+    key_res = DatabentoResource(api_key=dg.EnvVar(dl.API_KEY_ENV), gateway=fake.url)
+    return dg.Definitions(
+        assets=list(defs.assets or []),
+        jobs=list(defs.jobs or []),
+        resources={**dict(defs.resources or {}), "databento": key_res},
+    )
+
+
+def test_download_job_fetches_then_observe_raw_sees_the_files(
+    fake: FakeDatabento, bodies: dict[str, bytes], tmp_path: Path
+) -> None:
+    defs = _defs_with_fake(tmp_path, fake)
+    with dg.instance_for_test() as inst:
+        r = _download_run(defs, inst)
+        assert r.success
+        for schema in ("trades", "mbp-10"):
+            assert raw(tmp_path, schema).read_bytes() == bodies[schema]
+        (mat,) = [e for e in r.all_events if e.event_type_value == "STEP_OUTPUT"]
+        md = mat.event_specific_data.metadata  # type: ignore[union-attr]
+        assert md["fetched"].value == 2 and md["cost_usd"].value == 2.5
+        text = _dagster_text(inst, r.run_id)
+        assert KEY not in text and "DATABENTO_API_KEY" not in repr(inst.get_run_by_id(r.run_id).run_config)  # type: ignore[union-attr]
+        obs = defs.resolve_job_def("observe_raw").execute_in_process(
+            instance=inst, resources=dict(defs.resources or {})
+        )
+        assert obs.success
+        (rec,) = inst.fetch_observations(dg.AssetKey("raw_mbp10"), limit=5).records
+        assert rec.event_log_entry.asset_observation.partition == "2024-01|ES.FUT"  # type: ignore[union-attr]
+
+
+def test_download_job_refuses_over_budget_and_errors_hold_no_key(fake: FakeDatabento, tmp_path: Path) -> None:
+    defs = _defs_with_fake(tmp_path, fake)
+    with dg.instance_for_test() as inst:
+        r = _download_run(defs, inst, max_cost=1.0)
+        assert not r.success
+        text = _dagster_text(inst, r.run_id)
+        assert "above --max-cost $1.00" in text and KEY not in text
+        assert "/v0/timeseries.get_range" not in fake.paths()
+        fake.fail["/v0/timeseries.get_range"] = (422, {"detail": f"echo {KEY}"})
+        r = _download_run(defs, inst)
+        assert not r.success
+        text = _dagster_text(inst, r.run_id)
+        assert "HTTP 422" in text and KEY not in text
+        assert not raw(tmp_path, "trades").exists() and leftovers(tmp_path) == []
+
+
+def test_download_job_without_the_key_names_the_variable(
+    fake: FakeDatabento, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(dl.API_KEY_ENV)
+    defs = _defs_with_fake(tmp_path, fake)
+    # Dagster resolves the EnvVar before the run starts and says which variable is missing
+    # (its own config error; the launchpad shows the same before launching).
+    with dg.instance_for_test() as inst, pytest.raises(dg.DagsterInvalidConfigError) as err:
+        _download_run(defs, inst)
+    assert 'environment variable "DATABENTO_API_KEY" which is not set' in str(err.value)
+    assert "/v0/metadata.get_cost" not in fake.paths()
