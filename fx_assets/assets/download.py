@@ -101,5 +101,5 @@ def download_definitions() -> dg.Definitions:
     """The job and its key-holding resource, to merge into the code location."""
     return dg.Definitions(
         jobs=[download_raw],
-        resources={"databento": DatabentoResource(api_key=dg.EnvVar(dl.API_KEY_ENV))},
+        resources={"databento": DatabentoResource(api_key=dg.EnvVar(dl.API_KEY_ENV), gateway=None)},
     )
