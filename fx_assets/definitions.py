@@ -35,6 +35,7 @@ from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
 from fx_assets.assets.training import GPU_TAGS, make_training_assets
+from fx_assets.executors import feature_executor, training_tags
 from fx_assets.partitions import fold_window_mapping, quarter_symbol_partitions, training_partitions
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -85,6 +86,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     build_features = dg.define_asset_job(
         "build_features",
         selection=dg.AssetSelection.assets(*feature_assets),
+        executor_def=feature_executor(),  # FX_EXECUTOR: multiprocess | dask | k8s (fx_assets.executors)
         description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
     )
     storage = FxStorage(root=str(settings.data_root))
@@ -110,7 +112,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 "train_models",
                 selection=dg.AssetSelection.assets(fold_ranges, trained_model),
                 executor_def=dg.in_process_executor,
-                tags=GPU_TAGS,
+                tags=training_tags(GPU_TAGS),
                 description="Fold ranges and trained models for the selected validation quarters, in one run.",
             )
         )
