@@ -56,6 +56,87 @@ def dask_cluster_config(address: str | None, n_workers: int) -> dict[str, Any]:
     return {"cluster": {"local": {"n_workers": n_workers, "threads_per_worker": 1, "processes": True}}}
 
 
+def _run_safe_dask_executor() -> dg.ExecutorDefinition:
+    """``dagster_dask.dask_executor`` with two fixes, for ``local`` and ``existing`` clusters
+    (other cluster types run dagster-dask's own code, with fix 1):
+
+    1. dagster-dask 0.29.27 hands the ``DagsterRun`` to ``client.submit``, and distributed 2026.8
+       walks tuple arguments; a run whose ops use a ``pool`` (the decode assets do) carries a
+       ``RunOpConcurrency`` record, which refuses iteration, so every such step failed before
+       reaching a worker. The workers never read that field (the Dask executor does not enforce
+       pools; the run queue already used it), so they get the run without it.
+    2. It names each Dask task ``{job}.{step}``: two runs of one job on one cluster (a backfill)
+       submit the same key, Dask treats them as one task and the second run gets the first one's
+       result (its own partition never built). Tasks here are named ``{run_id}.{step}``.
+    """
+    import copy
+
+    import dask.distributed
+    from dagster._core.errors import raise_execution_interrupts
+    from dagster._core.events import DagsterEvent
+    from dagster._utils import iterate_with_context
+    from dagster_dask import dask_executor
+    from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements, query_on_dask_worker
+
+    class RunSafeDaskExecutor(DaskExecutor):
+        def execute(self, plan_context: Any, execution_plan: Any) -> Any:
+            run = plan_context.dagster_run
+            if run.run_op_concurrency is not None:
+                plan_context = copy.copy(plan_context)
+                run = run._replace(run_op_concurrency=None)
+                plan_context._plan_data = plan_context.plan_data._replace(dagster_run=run)
+            if self.cluster_type not in ("local", "existing"):
+                yield from super().execute(plan_context, execution_plan)
+                return
+            if not plan_context.instance.is_persistent:
+                raise dg.DagsterInvariantViolationError(
+                    "Dask execution requires a persistent DagsterInstance"
+                )
+            if self.cluster_type == "existing":
+                cluster: Any = self.cluster_configuration["address"]
+            else:
+                cluster = dask.distributed.LocalCluster(**self.build_dict(plan_context.job_name))
+            instance_ref = plan_context.instance.get_ref()
+            with dask.distributed.Client(cluster) as client:
+                futures: dict[str, Any] = {}
+                for level in execution_plan.get_steps_to_execute_by_level():
+                    for step in level:
+                        # Dask orders the steps: each task waits for its upstream tasks' futures.
+                        deps = [futures[k] for inp in step.step_inputs for k in inp.dependency_keys]
+                        futures[step.key] = client.submit(
+                            query_on_dask_worker,
+                            deps,
+                            plan_context.reconstructable_job,
+                            run,
+                            plan_context.run_config,
+                            [step.key],
+                            instance_ref,
+                            execution_plan.known_state,
+                            key=f"{run.run_id}.{step.key}",
+                            resources=get_dask_resource_requirements(step.tags),
+                        )
+                done = dask.distributed.as_completed(list(futures.values()), with_results=True)
+                for _future, events in iterate_with_context(raise_execution_interrupts, done):
+                    for event in events:
+                        if not isinstance(event, DagsterEvent):
+                            raise TypeError(f"a Dask task returned {type(event).__name__}, not DagsterEvent")
+                        yield event
+            if self.cluster_type == "local":
+                cluster.close()
+
+    @dg.executor(
+        name="dask",
+        config_schema=dask_executor.config_schema.as_field(),
+        requirements=dg.multiple_process_executor_requirements(),
+    )
+    def run_safe_dask_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
+        cluster: Any = init_context.executor_config["cluster"]
+        ((cluster_type, cluster_configuration),) = cluster.items()
+        return RunSafeDaskExecutor(cluster_type, cluster_configuration)
+
+    return run_safe_dask_executor
+
+
 def feature_executor(env: Mapping[str, str] | None = None) -> dg.ExecutorDefinition | None:
     """The executor of the feature backfills (see the module docstring); None = the code
     location's default."""
@@ -66,8 +147,7 @@ def feature_executor(env: Mapping[str, str] | None = None) -> dg.ExecutorDefinit
     if kind == "multiprocess":
         return None
     if kind == "dask":
-        from dagster_dask import dask_executor
-
+        dask_executor = _run_safe_dask_executor()
         try:
             workers = int(env.get("FX_DASK_WORKERS") or (os.cpu_count() or 1))
         except ValueError:
