@@ -13,6 +13,15 @@ import pytest
 from fx_assets.executors import dask_cluster_config, feature_executor, training_tags
 from fx_assets_tests.conftest import make_market
 
+STAGES = (
+    "predecoded_trades",
+    "predecoded_mbp10",
+    "roll_calendar",
+    "bars",
+    "bar_features",
+    "ofi_features",
+    "fxcache",
+)
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
 
@@ -102,7 +111,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_dask_cluster_of_worker_processes_gives_the_multiprocess_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distributed import Client, LocalCluster, get_task_stream
+    from distributed import Client, LocalCluster
 
     root = make_market(tmp_path / "market", "2024-Q1:2024-Q2")
     monkeypatch.setenv("FX_DATA_ROOT", str(root))
@@ -126,14 +135,16 @@ def test_dask_cluster_of_worker_processes_gives_the_multiprocess_bytes(
         Client(cluster) as client,
     ):
         monkeypatch.setenv("FX_DASK_ADDRESS", cluster.scheduler_address)
-        with dg.instance_for_test() as inst, get_task_stream(client) as stream:
+        with dg.instance_for_test() as inst:
             _build_two_partitions(root, inst)
             runs = inst.get_runs()
-        # Every step of both runs was a task on a worker process of the cluster.
-        tasks = [t for t in stream.data if t.get("key")]
-        workers = {t["worker"] for t in tasks}
-        assert len(tasks) >= 14 and workers <= set(client.scheduler_info()["workers"])
-        assert {r.tags.get("dagster/partition") for r in runs} == {"2024-01|ES.FUT", "2024-04|ES.FUT"}
+        # Every step of both runs was a task of this cluster, named by its run.
+        seen = set(
+            client.run_on_scheduler(lambda dask_scheduler: [str(t[0]) for t in dask_scheduler.transition_log])
+        )
+    assert {r.tags.get("dagster/partition") for r in runs} == {"2024-01|ES.FUT", "2024-04|ES.FUT"}
+    for r in runs:
+        assert {f"{r.run_id}.{s}" for s in STAGES} <= seen, r.run_id
     dask_tree = _tree(derived)
     assert sorted(dask_tree) == sorted(reference)
     for name, data in reference.items():
