@@ -188,6 +188,85 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- download -------------------------------------------------------------------------------
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Quote, confirm and fetch Databento files into the raw layout (see fx_assets.core.download)."""
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    from fx_assets.core import download as dl
+    from fx_assets.core.calendar import quarter_range
+    from fx_assets.core.paths import DataLayout
+    from fx_assets.settings import load_settings
+
+    root = Path(args.out) if args.out else load_settings().data_root
+    requests = dl.plan(
+        args.dataset,
+        [s.strip().upper() for s in args.symbols.split(",") if s.strip()],
+        [s.strip() for s in args.schemas.split(",") if s.strip()],
+        quarter_range(args.quarters),
+    )
+    key = None
+    try:
+        key = dl.api_key_from_env()
+        client = dl.make_client(key, args.gateway)
+        quotes = dl.quote(
+            client, requests, DataLayout(root), key=key, batch_threshold_bytes=int(args.batch_above_gb * 1e9)
+        )
+        table = Table(title=f"Databento {args.dataset} -> {root / 'raw'}")
+        for col in ("symbol", "schema", "quarter", "records", "billable GB", "cost USD", "how"):
+            table.add_column(
+                col, justify="right" if col in ("records", "billable GB", "cost USD") else "left"
+            )
+        for q in quotes:
+            r = q.request
+            if q.present:
+                table.add_row(r.symbol, r.schema, dl.quarter_label(r.quarter), "", "", "", "present, skipped")
+            else:
+                table.add_row(
+                    r.symbol, r.schema, dl.quarter_label(r.quarter), f"{q.record_count:,}",
+                    f"{q.billable_bytes / 1e9:,.3f}", f"{q.cost_usd:,.2f}", q.method,
+                )  # fmt: skip
+        t = dl.total(quotes)
+        table.add_row("total", "", "", f"{t.record_count:,}", f"{t.billable_bytes / 1e9:,.3f}", f"{t.cost_usd:,.2f}",
+                      f"{t.to_fetch} to fetch", style="bold")  # fmt: skip
+        console.print(table)
+        if t.to_fetch == 0:
+            console.print("every file is already present; nothing to download")
+            return 0
+        dl.check_budget(quotes, args.max_cost)
+        if not args.yes:
+            if not sys.stdin.isatty():
+                console.print("not confirmed: rerun with --yes to download (nothing was downloaded)")
+                return 1
+            answer = console.input(f"Download {t.to_fetch} file(s) for ${t.cost_usd:,.2f}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                console.print("nothing was downloaded")
+                return 1
+        progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeElapsedColumn(), console=console,
+        )  # fmt: skip
+        with progress:
+            tasks: dict[str, Any] = {}
+
+            def on_progress(label: str, done: int, total: int | None) -> None:
+                if label not in tasks:
+                    tasks[label] = progress.add_task(label, total=total)
+                progress.update(tasks[label], completed=done, total=total)
+
+            results = dl.download(client, quotes, key=key, progress=on_progress)
+        for res in results:
+            console.print(
+                f"{res.action:>8} {res.path} ({res.bytes:,} bytes)", soft_wrap=True, highlight=False
+            )
+        return 0
+    except dl.DownloadError as exc:
+        console.print(f"[red]error:[/] {dl.scrub(str(exc), key)}", soft_wrap=True, highlight=False)
+        return 2
+
+
 # --- demo -----------------------------------------------------------------------------------
 
 
@@ -233,6 +312,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the .fxcache file")
     p.add_argument("out", help="output file: .parquet or .arrow")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("download", help="quote and download Databento files into the raw layout")
+    p.add_argument("--dataset", default="GLBX.MDP3", help="Databento dataset (default GLBX.MDP3)")
+    p.add_argument("--symbols", default="ES.FUT", help="comma-separated parent symbols (stype_in=parent)")
+    p.add_argument("--schemas", default="trades,mbp-10", help="comma-separated: trades, mbp-10")
+    p.add_argument("--quarters", required=True, help="quarter or range, e.g. 2024-Q1:2024-Q4")
+    p.add_argument("--out", help="data root (default: FX_DATA_ROOT / the project settings)")
+    p.add_argument("--yes", action="store_true", help="download without asking after the cost table")
+    p.add_argument("--max-cost", type=float, help="refuse when the estimated total is above this (USD)")
+    p.add_argument("--batch-above-gb", type=float, default=5.0,
+                   help="use a batch job for files whose billable (uncompressed) size exceeds this (GB)")  # fmt: skip
+    p.add_argument("--gateway", help="historical API gateway URL (default: Databento's)")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("demo", help="synthesise a small market and materialize every asset")
     p.add_argument("--scale", type=float, default=DEMO_SCALE)

@@ -33,11 +33,13 @@ import warnings
 import dagster as dg
 
 from fx_assets.assets.checks import make_asset_checks
+from fx_assets.assets.download import download_definitions
 from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
 from fx_assets.assets.training import GPU_TAGS, make_training_assets
 from fx_assets.automation import automation_sensor
+from fx_assets.executors import feature_executor, training_tags
 from fx_assets.partitions import (
     fold_window_mapping,
     parse_partition_key,
@@ -107,6 +109,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             run_config_for_partition_key_fn=lambda _key: {},
             tags_for_partition_key_fn=lambda key: {FEATURE_SYMBOL_TAG: parse_partition_key(key).symbol},
         ),
+        executor_def=feature_executor(),  # FX_EXECUTOR: in_process | multiprocess | dask | k8s
         description="Sidecars -> roll calendar -> bars -> bar and OFI features -> fxcache, per partition.",
     )
     storage = FxStorage(root=str(settings.data_root))
@@ -132,7 +135,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 "train_models",
                 selection=dg.AssetSelection.assets(fold_ranges, trained_model),
                 executor_def=dg.in_process_executor,
-                tags=GPU_TAGS,
+                tags=training_tags(GPU_TAGS),
                 description="Fold ranges and trained models for the selected validation quarters, in one run.",
             )
         )
@@ -148,7 +151,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
     # asset page) then trains every fold with one device loader, and a partition's stages skip a
     # process start each (seconds per step, more than a stage takes). Partitions run in parallel
     # as separate runs, within dagster.yaml's limits.
-    return dg.Definitions(
+    defs = dg.Definitions(
         assets=assets,
         asset_checks=asset_checks,
         jobs=jobs,
@@ -156,6 +159,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
         sensors=sensors,
         executor=dg.in_process_executor,
     )
+    return dg.Definitions.merge(defs, download_definitions())
 
 
 defs = build_definitions(load_settings())
