@@ -151,3 +151,54 @@ def test_a_restart_launches_nothing_twice(dev: DagsterDev) -> None:
     assert new == [], new
     assert {a: dev.materialized_partitions(a) for a in mats} == mats
     no_failed_runs(dev)
+
+
+BACKFILL_COUNTS = """
+query Counts($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill {
+  assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts {
+    assetKey { path } numPartitionsTargeted numPartitionsMaterialized numPartitionsFailed } } } } } }"""
+
+
+def ensure_folds_can_train(dev: DagsterDev) -> None:
+    """fxcache of every quarter and the folds' ranges exist (built here when this test runs alone)."""
+    missing = [k for k in KEYS if k not in dev.materialized_partitions("fxcache")]
+    if missing:
+        b = dev.wait_backfill(dev.launch_job_backfill("build_features", missing), 600)
+        assert b["status"] == "COMPLETED_SUCCESS", b
+    if not set(FOLDS) <= set(dev.materialized_partitions("fold_ranges")):
+        b = dev.wait_backfill(dev.launch_asset_backfill(["fold_ranges"], FOLDS), 300)
+        assert b["status"] == "COMPLETED_SUCCESS", b
+
+
+def test_a_partial_fold_backfill_is_reported_as_failed(dev: DagsterDev, tmp_path: Path) -> None:
+    """Last in the module: it leaves a failed run. Two folds in one run; the last fold's ranges
+    file is gone from disk (the only input of that fold alone), so that fold raises inside the run
+    while the first one succeeds."""
+    if dev.sensor_state(AUTOMATION) == "RUNNING":
+        dev.stop_sensor(AUTOMATION)  # nothing may rebuild the file or react to the failure
+    dev.wait_runs_idle(300)
+    ensure_folds_can_train(dev)
+    ranges_dir = dev.data_root / "derived" / "fold_ranges" / "ES.FUT"
+    gone = sorted(ranges_dir.glob("ES.FUT_2024-Q4.*"))
+    assert gone, f"no fold ranges of 2024-Q4 under {ranges_dir}"
+    before = dev.materialized_partitions("trained_model")
+    for f in gone:
+        f.rename(tmp_path / f.name)
+    try:
+        bid = dev.launch_asset_backfill(["trained_model"], FOLDS)
+        b = dev.wait_backfill(bid, 600)
+    finally:
+        for f in gone:
+            (tmp_path / f.name).rename(f)
+    assert b["status"] != "COMPLETED_SUCCESS" and b["status"] in ("COMPLETED_FAILED", "FAILED"), b
+    assert [r["status"] for r in b["runs"]] == ["FAILURE"], b["runs"]
+    after = dev.materialized_partitions("trained_model")
+    grew = {k for k in after if after[k] > before.get(k, 0)}
+    assert grew == {FOLDS[0]}, (before, after)
+    counts = dev.gql(BACKFILL_COUNTS, {"id": bid})["partitionBackfillOrError"]["assetBackfillData"]
+    (tm,) = [c for c in counts["assetBackfillStatuses"] if c["assetKey"]["path"] == ["trained_model"]]
+    assert (tm["numPartitionsTargeted"], tm["numPartitionsMaterialized"], tm["numPartitionsFailed"]) == (
+        2,
+        1,
+        1,
+    ), tm
