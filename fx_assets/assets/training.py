@@ -7,7 +7,8 @@ fxcache input is a time-window mapping over exactly those quarters, so a later q
 never reach a fold. ``trained_model`` runs all the folds of a backfill in one run (single-run
 backfill policy) and loads its fxcache partitions through the device loader, which uploads
 each quarter once per run; labels, targets and per-fold normalisation are derived on the
-device from the resident data, never read from disk.
+device from the resident data, never read from disk. A fold that fails does not stop the run's
+other folds, but fails the step naming it; the folds that finished are recorded as materialized.
 """
 
 import base64
