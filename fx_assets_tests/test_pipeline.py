@@ -226,6 +226,37 @@ def test_features_then_one_training_run(market: Path) -> None:
             )
         assert (market / "reports" / "ES.FUT_walk_forward.png").stat().st_size > 1000
 
+        # A partial success is never reported as success: with the 2024-Q3 fold's ranges file gone
+        # (deleted by hand), that fold fails inside the run, the step and run fail naming it, and
+        # only the fold that finished is recorded as materialized.
+        gone = sorted((market / "derived" / "fold_ranges" / "ES.FUT").glob("ES.FUT_2024-Q3.*"))
+        assert gone
+        for f in gone:
+            f.rename(f.with_name(f.name + ".aside"))
+        try:
+            r = dg.materialize(  # trained_model alone (train_models would rebuild fold_ranges)
+                list(defs.assets or []),
+                selection=["trained_model"],
+                instance=inst,
+                resources=res,
+                run_config=QUIET,
+                raise_on_error=False,
+                tags={
+                    "dagster/asset_partition_range_start": "2024-04|ES.FUT",
+                    "dagster/asset_partition_range_end": "2024-07|ES.FUT",
+                },
+            )
+        finally:
+            for f in gone:
+                f.with_name(f.name + ".aside").rename(f)
+        assert not r.success
+        # read from the instance: a failed step's logged events are stored, not yielded to `r`
+        mats = inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        assert [e.dagster_event.partition for e in mats if e.dagster_event] == ["2024-04|ES.FUT"]
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        error = failure.step_failure_data.error
+        assert error is not None and "1 of 2 fold(s) failed: 2024-Q3 ES.FUT" in error.message
+
 
 def test_build_features_through_the_multiprocess_executor(
     market: Path, monkeypatch: pytest.MonkeyPatch

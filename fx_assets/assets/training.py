@@ -7,7 +7,8 @@ fxcache input is a time-window mapping over exactly those quarters, so a later q
 never reach a fold. ``trained_model`` runs all the folds of a backfill in one run (single-run
 backfill policy) and loads its fxcache partitions through the device loader, which uploads
 each quarter once per run; labels, targets and per-fold normalisation are derived on the
-device from the resident data, never read from disk.
+device from the resident data, never read from disk. A fold that fails does not stop the run's
+other folds, but fails the step naming it; the folds that finished are recorded as materialized.
 """
 
 import base64
@@ -208,9 +209,10 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
         cfg = training.train_config()
-        rows = []
         t_run = time.perf_counter()
-        for pk in sorted(context.partition_keys):
+
+        def one_fold(pk: str) -> tuple[dict, dict[str, Any]]:
+            """Train (or reuse) one fold: its table row and its materialization metadata."""
             part = parse_partition_key(pk)
             parts, _, _, fpath = fold_file(storage, pipeline, training, part, n_train)
             if not fpath.is_file():
@@ -226,14 +228,12 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 # Same key = same inputs, config and code: the model on disk is this run's result,
                 # reported with the metrics, tables and picture of the run that trained it.
                 metrics = {k: float(v) for k, v in json.loads(done.read_text())["metrics"].items()}
+                built_meta = {**built, "action": "reused"}
                 context.log_event(
-                    dg.AssetObservation(
-                        asset_key=context.asset_key, partition=pk, metadata={**built, "action": "reused"}
-                    )
+                    dg.AssetObservation(asset_key=context.asset_key, partition=pk, metadata=built_meta)
                 )
-                rows.append(_fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"))
                 context.log.info(f"{part.label}: model {mkey[:16]} already trained, reused")
-                continue
+                return _fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"), built_meta
             view = fxcache.view(parts)
             t0 = time.perf_counter()
             try:
@@ -274,8 +274,38 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
             context.log_event(
                 dg.AssetObservation(asset_key=context.asset_key, partition=pk, metadata=fold_meta)
             )
-            rows.append(_fold_row(shown(part), fr, metrics, transition_ms, mkey, "trained"))
-            context.log.info(f"{part.label}: {rows[-1]}")
+            row = _fold_row(shown(part), fr, metrics, transition_ms, mkey, "trained")
+            context.log.info(f"{part.label}: {row}")
+            return row, fold_meta
+
+        rows, finished, failed = [], [], []
+        for pk in sorted(context.partition_keys):
+            # One fold failing does not stop the others (folds are independent), but it fails
+            # the step below: a partial success is never reported as success.
+            try:
+                row, meta = one_fold(pk)
+            except Exception as exc:
+                context.log.error(f"{parse_partition_key(pk).label}: fold failed: {exc}")
+                failed.append((pk, exc))
+                continue
+            rows.append(row)
+            finished.append((pk, meta))
+        if failed:
+            # A failed step records no materialization: record each fold that finished, with its
+            # own metadata, so the materialized partitions are exactly the folds that succeeded.
+            for pk, meta in finished:
+                context.log_event(
+                    dg.AssetMaterialization(asset_key=context.asset_key, partition=pk, metadata=meta)
+                )
+            names = [shown(parse_partition_key(pk)) for pk, _ in failed]
+            ok = [shown(parse_partition_key(pk)) for pk, _ in finished]
+            raise dg.Failure(
+                description=(
+                    f"{len(failed)} of {len(failed) + len(finished)} fold(s) failed: "
+                    + "; ".join(f"{n}: {exc}" for n, (_, exc) in zip(names, failed, strict=True))
+                ),
+                metadata={"failed_folds": ", ".join(names), "materialized_folds": ", ".join(ok) or "none"},
+            ) from failed[0][1]
         stats = fxcache.store.stats()
         return dg.MaterializeResult(
             metadata={

@@ -19,7 +19,7 @@ Stable API (other e2e suites build on it): ``start_dagster_dev``, ``DagsterDev``
 ``launch_asset_backfill``, ``launch_job_backfill``, ``backfill``, ``wait_backfill``, ``runs``,
 ``wait_runs_idle``, ``materialized_partitions``, ``materialization_times``, ``observed_partitions``, ``latest_metadata``, ``sensor_state``, ``start_sensor``,
 ``stop_sensor``, ``restart``, ``stop``,
-``log_tail``), ``wait_until``, ``synth_market``, ``drop_quarter``.
+``log_tail``), ``wait_until``, ``wait_for_folds_and_report``, ``synth_market``, ``drop_quarter``.
 """
 
 from __future__ import annotations
@@ -448,6 +448,28 @@ class DagsterDev:
                 return
             if time.monotonic() > deadline:
                 raise E2EError(f"sensor {name} does not stay stopped\n{self.log_tail()}")
+
+
+def wait_for_folds_and_report(dev: DagsterDev, folds: list[str], timeout: float) -> None:
+    """Wait (bounded) until every fold in ``folds`` has a ``trained_model`` materialization and
+    ``walk_forward_report`` was materialized after the newest of them, then until runs are idle."""
+
+    def latest(asset: str) -> float | None:
+        mats = dev.gql(
+            f'query {{ assetOrError(assetKey: {{path: ["{asset}"]}}) {{'
+            " ... on Asset { assetMaterializations(limit: 1) { timestamp } } } }"
+        )["assetOrError"].get("assetMaterializations")
+        return float(mats[0]["timestamp"]) if mats else None
+
+    def done() -> bool:
+        have = dev.materialized_partitions("trained_model")
+        if not all(f in have for f in folds):
+            return False
+        report, model = latest("walk_forward_report"), latest("trained_model")
+        return report is not None and model is not None and report > model
+
+    wait_until(done, timeout, f"folds {folds} and a report after them", 2.0, dev.log_tail)
+    dev.wait_runs_idle(120, quiet=8)
 
 
 def _group_alive(pgid: int) -> bool:

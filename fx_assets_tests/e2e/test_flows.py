@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fx_assets_tests.e2e.harness import DagsterDev, drop_quarter, synth_market, tags_of, wait_until
+from fx_assets_tests.e2e.harness import (
+    DagsterDev,
+    drop_quarter,
+    synth_market,
+    tags_of,
+    wait_for_folds_and_report,
+    wait_until,
+)
 
 QUARTERS = ["2024-01", "2024-04", "2024-07", "2024-10"]
 KEYS = [f"{q}|ES.FUT" for q in QUARTERS]
@@ -91,31 +98,11 @@ def test_fold_backfill_from_the_asset_page_trains_every_fold_in_one_run(dev: Dag
     no_failed_runs(dev)
 
 
-def wait_for_fold_and_report(dev: DagsterDev, folds: list[str], timeout: float) -> None:
-    def done() -> bool:
-        have = dev.materialized_partitions("trained_model")
-        if not all(f in have for f in folds):
-            return False
-        fold_runs = {r["runId"]: r for r in dev.runs() if r["status"] == "SUCCESS"}
-        report = dev.gql(
-            'query { assetOrError(assetKey: {path: ["walk_forward_report"]}) {'
-            " ... on Asset { assetMaterializations(limit: 1) { timestamp } } } }"
-        )["assetOrError"]["assetMaterializations"]
-        tm = dev.gql(
-            'query { assetOrError(assetKey: {path: ["trained_model"]}) {'
-            " ... on Asset { assetMaterializations(limit: 1) { timestamp } } } }"
-        )["assetOrError"]["assetMaterializations"]
-        return bool(fold_runs) and bool(report) and float(report[0]["timestamp"]) > float(tm[0]["timestamp"])
-
-    wait_until(done, timeout, f"folds {folds} and a report after them", 2.0, dev.log_tail)
-    dev.wait_runs_idle(120, quiet=8)
-
-
 def test_a_new_quarter_is_built_trained_and_reported_by_itself(dev: DagsterDev, staging: Path) -> None:
     dev.start_sensor(AUTOMATION)
     n_before = len(dev.runs())
     drop_quarter(staging, dev.data_root, "2025-Q1")
-    wait_for_fold_and_report(dev, ["2025-01|ES.FUT"], 600)
+    wait_for_folds_and_report(dev, ["2025-01|ES.FUT"], 600)
     fx = dev.materialized_partitions("fxcache")
     assert fx["2025-01|ES.FUT"] == 1
     assert all(fx[k] == 1 for k in KEYS), fx  # old quarters were not rebuilt
@@ -126,7 +113,7 @@ def test_a_new_quarter_is_built_trained_and_reported_by_itself(dev: DagsterDev, 
 def test_two_quarters_landing_together_are_built_in_order(dev: DagsterDev, staging: Path) -> None:
     drop_quarter(staging, dev.data_root, "2025-Q2")
     drop_quarter(staging, dev.data_root, "2025-Q3")
-    wait_for_fold_and_report(dev, ["2025-04|ES.FUT", "2025-07|ES.FUT"], 900)
+    wait_for_folds_and_report(dev, ["2025-04|ES.FUT", "2025-07|ES.FUT"], 900)
     fx = dev.materialized_partitions("fxcache")
     assert fx["2025-04|ES.FUT"] == 1 and fx["2025-07|ES.FUT"] == 1, fx
     # in order: the later quarter's features were computed after the earlier quarter's bars
@@ -151,3 +138,54 @@ def test_a_restart_launches_nothing_twice(dev: DagsterDev) -> None:
     assert new == [], new
     assert {a: dev.materialized_partitions(a) for a in mats} == mats
     no_failed_runs(dev)
+
+
+BACKFILL_COUNTS = """
+query Counts($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill {
+  assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts {
+    assetKey { path } numPartitionsTargeted numPartitionsMaterialized numPartitionsFailed } } } } } }"""
+
+
+def ensure_folds_can_train(dev: DagsterDev) -> None:
+    """fxcache of every quarter and the folds' ranges exist (built here when this test runs alone)."""
+    missing = [k for k in KEYS if k not in dev.materialized_partitions("fxcache")]
+    if missing:
+        b = dev.wait_backfill(dev.launch_job_backfill("build_features", missing), 600)
+        assert b["status"] == "COMPLETED_SUCCESS", b
+    if not set(FOLDS) <= set(dev.materialized_partitions("fold_ranges")):
+        b = dev.wait_backfill(dev.launch_asset_backfill(["fold_ranges"], FOLDS), 300)
+        assert b["status"] == "COMPLETED_SUCCESS", b
+
+
+def test_a_partial_fold_backfill_is_reported_as_failed(dev: DagsterDev, tmp_path: Path) -> None:
+    """Last in the module: it leaves a failed run. Two folds in one run; the last fold's ranges
+    file is gone from disk (the only input of that fold alone), so that fold raises inside the run
+    while the first one succeeds."""
+    if dev.sensor_state(AUTOMATION) == "RUNNING":
+        dev.stop_sensor(AUTOMATION)  # nothing may rebuild the file or react to the failure
+    dev.wait_runs_idle(300)
+    ensure_folds_can_train(dev)
+    ranges_dir = dev.data_root / "derived" / "fold_ranges" / "ES.FUT"
+    gone = sorted(ranges_dir.glob("ES.FUT_2024-Q4.*"))
+    assert gone, f"no fold ranges of 2024-Q4 under {ranges_dir}"
+    before = dev.materialized_partitions("trained_model")
+    for f in gone:
+        f.rename(tmp_path / f.name)
+    try:
+        bid = dev.launch_asset_backfill(["trained_model"], FOLDS)
+        b = dev.wait_backfill(bid, 600)
+    finally:
+        for f in gone:
+            (tmp_path / f.name).rename(f)
+    assert b["status"] != "COMPLETED_SUCCESS" and b["status"] in ("COMPLETED_FAILED", "FAILED"), b
+    assert [r["status"] for r in b["runs"]] == ["FAILURE"], b["runs"]
+    after = dev.materialized_partitions("trained_model")
+    grew = {k for k in after if after[k] > before.get(k, 0)}
+    assert grew == {FOLDS[0]}, (before, after)
+    counts = dev.gql(BACKFILL_COUNTS, {"id": bid})["partitionBackfillOrError"]["assetBackfillData"]
+    (tm,) = [c for c in counts["assetBackfillStatuses"] if c["assetKey"]["path"] == ["trained_model"]]
+    assert (tm["numPartitionsTargeted"], tm["numPartitionsMaterialized"], tm["numPartitionsFailed"]) == (
+        2,
+        1,
+        1,
+    ), tm

@@ -1,24 +1,35 @@
 """The flow through a running Dagster once on PostgreSQL (CI: .ci/postgres.sh starts a throw-away
 server and sets PG*): ``dagster dev`` on an instance whose ``storage`` is PostgreSQL, features
-per partition, a fold backfill, the report, then a webserver + daemon restart with the run history
-and materializations intact and a new run recorded after it."""
+per partition, a fold backfill, the report, then a new quarter's raw files dropped with automation
+on (observed, built, its fold trained and the report refreshed with no other action), then a
+webserver + daemon restart with the run history and materializations intact, nothing launched
+again, and a new run recorded after it."""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fx_assets_tests.e2e.harness import DagsterDev, tags_of
+from fx_assets_tests.e2e.harness import (
+    DagsterDev,
+    drop_quarter,
+    synth_market,
+    tags_of,
+    wait_for_folds_and_report,
+)
 from fx_assets_tests.e2e.phases import Phases
 
 pytestmark = pytest.mark.postgres
 
 QUARTERS = ("2024-01|ES.FUT", "2024-04|ES.FUT")
 FOLD = "2024-04|ES.FUT"
+NEW_QUARTER, NEW_KEY = "2024-Q3", "2024-07|ES.FUT"  # its fxcache partition and its fold
 FEATURES = [
     "predecoded_trades",
     "predecoded_mbp10",
@@ -83,7 +94,7 @@ def history(dev: DagsterDev) -> dict[str, tuple[str, str]]:
     return {r["runId"]: (r["jobName"], r["status"]) for r in dev.runs()}
 
 
-def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory) -> None:
+def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory, tmp_path: Path) -> None:
     # pg_database first: it is torn down (dropped) after dagster dev has stopped.
     phase = Phases()
     dev: DagsterDev = dagster_dev_factory(
@@ -118,14 +129,26 @@ def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory) 
     assert dev.materialized_partitions("walk_forward_report")
     assert (dev.data_root / "reports" / "ES.FUT_walk_forward.png").is_file()
 
-    dev.wait_runs_idle(120)  # the raw-file sensor's observations too
+    # A new quarter lands with automation on: observation -> feature chain -> its fold -> report.
+    staging = synth_market(tmp_path / "staging", NEW_QUARTER, env=dev.env)
+    dev.wait_runs_idle(120)  # the raw-file sensor's observations of the first quarters
+    dev.start_sensor("fx_automation")
+    drop_quarter(staging, dev.data_root, NEW_QUARTER)
+    wait_for_folds_and_report(dev, [NEW_KEY], 600)
+    fx = dev.materialized_partitions("fxcache")
+    assert fx == {**{k: 1 for k in QUARTERS}, NEW_KEY: 1}, fx  # the new quarter once, nothing rebuilt
+    assert dev.materialized_partitions("trained_model") == {FOLD: 1, NEW_KEY: 1}
+    phase("new quarter by automation")
+
+    dev.wait_runs_idle(120)
     before = history(dev)
-    assert len(before) >= 4 and all(status == "SUCCESS" for _, status in before.values()), before
+    assert len(before) >= 7 and all(status == "SUCCESS" for _, status in before.values()), before
     in_pg = run_ids_in_postgres(pg_database)
     assert set(before) <= set(in_pg), "runs are not stored in PostgreSQL"
     mats_before = {
         a: dev.materialized_partitions(a) for a in (*FEATURES, "trained_model", "walk_forward_report")
     }
+    assert set(mats_before["fxcache"]) == {*QUARTERS, NEW_KEY}
 
     # Restart (stop, start) webserver and daemon on the same instance: nothing lost, nothing re-run, and the
     # instance still records new runs.
@@ -134,6 +157,9 @@ def test_dagster_dev_on_postgres_with_restart(pg_database, dagster_dev_factory) 
     phase("stop")
     dev.start()
     phase("start again")
+    assert dev.sensor_state("fx_automation") == "RUNNING"
+    time.sleep(15)  # several automation and sensor ticks (3 s intervals): they must launch nothing
+    dev.wait_runs_idle(60)
     assert history(dev) == before
     assert {a: dev.materialized_partitions(a) for a in mats_before} == mats_before
     after = wait_run(dev, dev.launch_run("walk_forward"))
