@@ -9,7 +9,7 @@ Method:
 
 - *Scale-1 quarter*: ``fx-assets synth --quarters 2024-Q3 --scale 1`` (same generator and
   defaults), then one ``build_features`` run of ``2024-07|ES.FUT`` from the ``.dbn.zst`` files
-  (no sidecars yet) through ``dg.execute_job`` with the code location's default (multiprocess)
+  (no sidecars yet) through ``dg.execute_job`` with the code location's default (in-process)
   executor, in a fresh process; wall time of the run, plus the disk used by raw and derived files.
 - *Dask scaling*: 4 quarters at ``--dask-scale``; a backfill of all of them through the
   ``build_features`` job with ``FX_EXECUTOR=dask`` and ``FX_DASK_ADDRESS`` pointing at a
@@ -144,7 +144,7 @@ def scale1_quarter() -> dict[str, Any]:
         "market": config,
         "market_report": {k: v for k, v in manifest.items() if k != "files"},
         "synth_or_reuse_seconds": round(synth_s, 1),
-        "executor": "multiprocess (code location default)",
+        "executor": "in_process (code location default: one process per run)",
         "run_seconds": run["seconds"],
         "process_wall_seconds": round(wall, 2),
         "materializations": run["materializations"],
