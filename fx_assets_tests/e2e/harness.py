@@ -635,26 +635,6 @@ query AssetMetadata($assetKey: AssetKeyInput!, $partitions: [String!]) { assetOr
   } } }
 } }"""
 
-ASSET_OBSERVATIONS = """
-query AssetObservations($assetKey: AssetKeyInput!) { assetOrError(assetKey: $assetKey) {
-  __typename
-  ... on Asset { assetObservations(limit: 1000) { partition runId timestamp } }
-} }"""
-
-ASSET_METADATA = """
-query AssetMetadata($assetKey: AssetKeyInput!, $partitions: [String!]) { assetOrError(assetKey: $assetKey) {
-  __typename
-  ... on Asset { assetMaterializations(limit: 1, partitions: $partitions) { partition runId metadataEntries {
-    label
-    ... on IntMetadataEntry { intValue }
-    ... on FloatMetadataEntry { floatValue }
-    ... on TextMetadataEntry { text }
-    ... on BoolMetadataEntry { boolValue }
-    ... on JsonMetadataEntry { jsonString }
-    ... on MarkdownMetadataEntry { mdStr }
-  } } }
-} }"""
-
 SENSOR = """
 query Sensor($sensorSelector: SensorSelector!) { sensorOrError(sensorSelector: $sensorSelector) {
   __typename

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fx_assets.definitions import FEATURE_STAGES
 from fx_assets_tests.e2e.harness import (
     DagsterDev,
     drop_quarter,
@@ -30,15 +31,7 @@ pytestmark = pytest.mark.postgres
 QUARTERS = ("2024-01|ES.FUT", "2024-04|ES.FUT")
 FOLD = "2024-04|ES.FUT"
 NEW_QUARTER, NEW_KEY = "2024-Q3", "2024-07|ES.FUT"  # its fxcache partition and its fold
-FEATURES = [
-    "predecoded_trades",
-    "predecoded_mbp10",
-    "roll_calendar",
-    "bars",
-    "bar_features",
-    "ofi_features",
-    "fxcache",
-]
+FEATURES = list(FEATURE_STAGES)
 
 
 @pytest.fixture
