@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 
 from fx_assets.assets.raw import observe_raw_files
-from fx_assets.definitions import build_definitions
+from fx_assets.definitions import FEATURE_STAGES, build_definitions
 from fx_assets.resources.storage import FxStorage
 from fx_assets.settings import ProjectSettings
 
@@ -120,15 +120,7 @@ def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path:
         }
         return r, req
 
-    chain = [
-        "predecoded_trades",
-        "predecoded_mbp10",
-        "roll_calendar",
-        "bars",
-        "bar_features",
-        "ofi_features",
-        "fxcache",
-    ]
+    chain = list(FEATURE_STAGES)
     with dg.instance_for_test() as inst:
         observe(inst, {k: "v1" for k in KEYS[:3]})
         materialize(inst, {a: set(KEYS[:3]) for a in chain})

@@ -226,6 +226,32 @@ def _first_mismatch_exact(a: np.ndarray, b: np.ndarray) -> int | None:
     return int(bad[0]) if bad.size else None
 
 
+def _compare_features(
+    where: str,
+    table: str,
+    stored: dict[str, np.ndarray],
+    recomputed: dict[str, np.ndarray],
+    row0: int,
+    tol: float,
+) -> float:
+    """Largest relative difference of two feature tables' columns; FxDataError naming the table,
+    column and bar (``row0`` + row) when the column sets differ or a value is off by more than
+    ``tol``."""
+    if set(stored) != set(recomputed):
+        raise FxDataError(
+            f"{where}: {table} columns {sorted(set(stored) ^ set(recomputed))} are in only one of "
+            "the stored table and the registry"
+        )
+    worst, bad = _compare_close(stored, recomputed, tol)
+    if bad is not None:
+        name, j, s, r = bad
+        raise FxDataError(
+            f"{where}: {table} column {name!r} bar {row0 + j}: stored {s!r}, from the truncated "
+            f"data {r!r} (tolerance {tol:g})"
+        )
+    return worst
+
+
 def _compare_close(
     stored: dict[str, np.ndarray], recomputed: dict[str, np.ndarray], tol: float
 ) -> tuple[float, tuple[str, int, float, float] | None]:
@@ -322,19 +348,9 @@ def spot_check_causality(
         if b_s < max_window(fcfg) and stored_ft.n_prior > 0:
             earlier = list(q.previous_bars(max_window(fcfg) - b_s))
         feats = quarter_bar_features(sess_bars, [*earlier, bars.slice(0, b_s)], fcfg)
-        stored_f = stored_ft.columns
-        if set(stored_f) != set(feats.columns):
-            raise FxDataError(
-                f"{where}: bar_features columns {sorted(set(stored_f) ^ set(feats.columns))} are "
-                "in only one of the stored table and the registry"
-            )
-        worst_f, bad = _compare_close(stored_f, feats.columns, cfg.tolerance)
-        if bad is not None:
-            name, j, s, r = bad
-            raise FxDataError(
-                f"{where}: bar_features column {name!r} bar {b_s + j}: stored {s!r}, from the "
-                f"truncated data {r!r} (tolerance {cfg.tolerance:g})"
-            )
+        worst_f = _compare_features(
+            where, "bar_features", stored_ft.columns, feats.columns, b_s, cfg.tolerance
+        )
 
         # OFI features of the window, warmed up from the bars before it (the chunk replay rule).
         split = int(np.searchsorted(trades.ts, tc[b0 - 1], side="right"))
@@ -360,19 +376,7 @@ def spot_check_causality(
                 f"{where}: ofi_features column {name!r} bar {b0 + j}: stored {s_col[j]!r}, from the "
                 f"truncated data {r_col[j] if j < len(r_col) else None!r}"
             )
-    stored_o = so.columns
-    if set(stored_o) != set(ofi.columns):
-        raise FxDataError(
-            f"{where}: ofi_features columns {sorted(set(stored_o) ^ set(ofi.columns))} are in only "
-            "one of the stored table and the registry"
-        )
-    worst_o, bad = _compare_close(stored_o, ofi.columns, cfg.tolerance)
-    if bad is not None:
-        name, j, s, r = bad
-        raise FxDataError(
-            f"{where}: ofi_features column {name!r} bar {b0 + j}: stored {s!r}, from the truncated "
-            f"data {r!r} (tolerance {cfg.tolerance:g})"
-        )
+    worst_o = _compare_features(where, "ofi_features", so.columns, ofi.columns, b0, cfg.tolerance)
     return CausalityResult(
         partition=part,
         bar=t,
