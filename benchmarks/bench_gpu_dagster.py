@@ -47,12 +47,32 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 FEATURES = list(FEATURE_STAGES)
 
 
-def resources(root: Path, dtype: str, n_train: int, seed: int, epochs: int) -> dict[str, Any]:
+#: what each fold's observation reports, copied into the result file
+FOLD_FIELDS = (
+    "fold",
+    "trainer",
+    "auc",
+    "auc_null_z",
+    "auc_h1_null_z",
+    "gross_sharpe",
+    "net_sharpe",
+    "turnover",
+    "n_sessions",
+    "fold_transition_ms",
+    "fold_view_ms",
+    "kernel_warmup_ms",
+    "train_seconds",
+)
+
+
+def resources(
+    root: Path, dtype: str, n_train: int, seed: int, epochs: int, trainer: str = "mlp"
+) -> dict[str, Any]:
     storage = FxStorage(root=str(root))
     pipeline = PipelineConfig(fxcache=FxCacheWriteConfig(dtype=dtype))  # type: ignore[arg-type]
-    training = TrainingConfig(
-        folds=FoldsConfig(train_quarters=n_train, purge_bars=31, embargo_bars=0, warmup_bars=0),
-        train=TrainerConfig(trainer="mlp", seed=seed, epochs=epochs),
+    training = TrainingConfig(  # the folds' defaults (purge, embargo) as users get them
+        folds=FoldsConfig(train_quarters=n_train),
+        train=TrainerConfig(trainer=trainer, seed=seed, **({"epochs": epochs} if epochs else {})),  # type: ignore[arg-type]
     )
     return {
         "storage": storage,
@@ -70,7 +90,9 @@ def main() -> None:
     ap.add_argument("--train-quarters", type=int, default=1)
     ap.add_argument("--dtypes", default="f32")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=2, help="0: the trainer's default")
+    ap.add_argument("--trainers", default="mlp", help="comma list of mlp, dqn")
+    ap.add_argument("--market", default="signal", choices=["signal", "null"], help="planted signal or none")
     ap.add_argument("--allow-cpu", action="store_true", help="smoke test of the script without CUDA")
     args = ap.parse_args()
     if not torch.cuda.is_available() and not args.allow_cpu:
@@ -78,7 +100,8 @@ def main() -> None:
     quarters = list(quarter_range(args.quarters))
     root = Path(tempfile.mkdtemp()) / "data"
     t0 = time.perf_counter()
-    generate_market(root, SynthConfig(quarters=tuple(quarters), scale=args.scale, seed=7, signal=1.0))
+    signal = 1.0 if args.market == "signal" else 0.0
+    generate_market(root, SynthConfig(quarters=tuple(quarters), scale=args.scale, seed=7, signal=signal))
     t_synth = time.perf_counter() - t0
     print(f"synth {t_synth:.1f}s", flush=True)
     settings = ProjectSettings(
@@ -92,6 +115,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "command": " ".join(["python", "-m", "benchmarks.bench_gpu_dagster", *sys.argv[1:]]),
         "scale": args.scale,
+        "market": args.market,
         "quarters": args.quarters,
         "train_quarters": args.train_quarters,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (cpu)",
@@ -137,8 +161,9 @@ def main() -> None:
                 )
                 print(out["feature_runs"][-1], flush=True)
                 save()
-            for seed in (int(s) for s in args.seeds.split(",")):
-                res = resources(root, dtype, args.train_quarters, seed, args.epochs)
+            runs = [(t, int(sd)) for t in args.trainers.split(",") for sd in args.seeds.split(",")]
+            for trainer, seed in runs:
+                res = resources(root, dtype, args.train_quarters, seed, args.epochs, trainer)
                 t0 = time.perf_counter()
                 r = defs.resolve_job_def("train_models").execute_in_process(
                     instance=inst,
@@ -151,6 +176,7 @@ def main() -> None:
                 )
                 run: dict[str, Any] = {
                     "dtype": dtype,
+                    "trainer": trainer,
                     "seed": seed,
                     "ok": r.success,
                     "seconds": round(time.perf_counter() - t0, 2),
@@ -160,9 +186,7 @@ def main() -> None:
                     md = {k: v.value for k, v in e.asset_observation_data.asset_observation.metadata.items()}
                     if "fold_transition_ms" in md:
                         run["fold_transition_ms"].append(md["fold_transition_ms"])
-                        run.setdefault("folds", []).append(
-                            {k: md.get(k) for k in ("fold", "sharpe", "auc", "turnover", "train_seconds")}
-                        )
+                        run.setdefault("folds", []).append({k: md.get(k) for k in FOLD_FIELDS if k in md})
                 for e in r.get_asset_materialization_events():
                     if e.asset_key.to_user_string() == "trained_model":
                         md = {k: v.value for k, v in e.materialization.metadata.items()}
@@ -174,6 +198,8 @@ def main() -> None:
                                 "uploads_by_quarter",
                                 "bytes_uploaded",
                                 "upload_seconds",
+                                "fold_views_zero_copy",
+                                "kernel_warmup_ms",
                             )
                         }
                 out["train_runs"].append(run)

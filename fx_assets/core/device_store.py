@@ -5,9 +5,11 @@ blocks (the f64 price block and the value block) are uploaded exactly once per s
 one copy per block, staged through a small pinned host buffer in chunks so host memory stays
 bounded whatever the quarter size, and kept on the device for the whole run. Folds never copy
 from the host again: :meth:`DeviceStore.concat_view` hands back a :class:`DeviceSlice` — the
-time-ordered concatenation of the named quarters, built once per distinct key set by a
-device→device ``torch.cat`` (or a plain view for a single quarter) — and fold code slices it by
-index.
+time-ordered concatenation of the named quarters — and fold code slices it by index. Files
+uploaded in one :meth:`DeviceStore.add_fxcaches` call land back to back in one allocation per
+block (an *arena*; the loader passes each symbol's quarters in time order), so the view of
+consecutive quarters is a slice of it: no copy on the device or the host, whatever the fold.
+Other key sets are built once by a device→device ``torch.cat``.
 
 Layout on the device, per quarter
 ---------------------------------
@@ -25,6 +27,8 @@ Layout on the device, per quarter
   one tick — the signature of prices rounded by a narrower type.
 - Timestamps stay on the host (int64 ns), with the session id of every bar computed once per
   quarter at upload (``calendar.session_day``), so a fold never does calendar work.
+- ``log_close``: ln of the close column (float64, on the device), computed once per upload:
+  every fold's labels are differences of it.
 - ``segment_changes``: when a ``contract`` price column is present, the running count of
   contract changes (int32, on the device), computed once per quarter at upload: a label whose
   price window spans a roll is masked from it by index arithmetic alone.
@@ -108,6 +112,7 @@ class DeviceSlice:
     offsets: npt.NDArray[np.int64]  # [len(keys) + 1]
     sessions: npt.NDArray[np.int32]  # [n] host, session day of each bar (computed at upload)
     segment_changes: torch.Tensor | None = None  # [n] int32 on the device: contract changes so far
+    log_close: torch.Tensor | None = None  # [n] float64 on the device: ln close (computed at upload)
 
     @property
     def n_rows(self) -> int:
@@ -139,6 +144,19 @@ class DeviceSlice:
 
 
 @dataclass
+class _Arena:
+    """Quarters uploaded together, back to back in one allocation per block (time order per
+    symbol), so that a view of consecutive quarters is a slice of it: no copy, host or device."""
+
+    values: torch.Tensor  # [N, w] (with the fxcache row padding)
+    prices: torch.Tensor  # [N, k] float64, the named price columns (a view of the padded block)
+    ts: npt.NDArray[np.int64]  # [N] host
+    sessions: npt.NDArray[np.int32]  # [N] host
+    segment_changes: torch.Tensor | None  # [N] int32: contract changes since row 0 of the arena
+    log_close: torch.Tensor  # [N] float64
+
+
+@dataclass
 class _Quarter:
     key: str
     values: torch.Tensor
@@ -148,6 +166,13 @@ class _Quarter:
     price_columns: tuple[str, ...]
     sessions: npt.NDArray[np.int32]
     segment_changes: torch.Tensor | None
+    log_close: torch.Tensor
+    arena: _Arena | None = None  # where it lives when uploaded with others (rows [row0, row0 + n))
+    row0: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.values.shape[0])
 
 
 def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor | None:
@@ -159,6 +184,11 @@ def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor
     if seg.shape[0] > 1:
         c[1:] = torch.cumsum(seg[1:] != seg[:-1], 0, dtype=torch.int32)
     return c
+
+
+def _log_close(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor:
+    """ln close, once per upload: every fold's labels difference it (``core.labels`` op for op)."""
+    return torch.log(prices[:, list(pcols).index(CLOSE_COLUMN)])
 
 
 def _price_flags(
@@ -245,6 +275,14 @@ class _FileSpec:
     prices: _Region
 
 
+_UNPLACED = torch.empty(0)  # a region's destination before _place_specs allocates it
+
+
+def _layout(sp: _FileSpec) -> tuple[Any, ...]:
+    """What files must share to sit back to back in one allocation."""
+    return (sp.values.w, sp.prices.w, sp.cols, sp.pcols)
+
+
 _WIRE_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": torch.float64}
 
 
@@ -271,6 +309,7 @@ class StoreStats:
     uploads_by_key: dict[str, int] = field(default_factory=dict)
     concat_builds: int = 0
     concat_hits: int = 0
+    concat_zero_copy: int = 0  # views that are slices of one upload (no copy at all)
     device_copy_bytes: int = 0
     pinned_staging: bool = False
     chunks: int = 0
@@ -294,6 +333,7 @@ class StoreStats:
             "uploads_by_key": dict(self.uploads_by_key),
             "concat_builds": self.concat_builds,
             "concat_hits": self.concat_hits,
+            "concat_zero_copy": self.concat_zero_copy,
             "device_copy_bytes": self.device_copy_bytes,
             "pinned_staging": self.pinned_staging,
             "chunks": self.chunks,
@@ -513,6 +553,7 @@ class DeviceStore:
             pcols,
             calendar.session_day(ts).astype(np.int32),
             _segment_changes(prices_dev, pcols),
+            _log_close(prices_dev, pcols),
         )
         st = self._stats
         st.uploads += 1
@@ -551,6 +592,12 @@ class DeviceStore:
             raise FxDataError(f"DeviceStore: quarter {dup[0]!r} is already resident or repeated")
         t0 = time.perf_counter()
         specs = self._open_specs(items)
+        try:
+            arenas = self._place_specs(specs)
+        except BaseException:
+            for sp in specs:
+                sp.fc.close()
+            raise
         t1 = time.perf_counter()
         try:
             self._stream_specs(specs)
@@ -565,18 +612,35 @@ class DeviceStore:
         self._stats.finish_seconds += t3 - t2
         elapsed = time.perf_counter() - t0
         st = self._stats
-        for sp in specs:
-            prices = sp.prices.dest[:, : len(sp.pcols)]  # a view: the padding stays unaddressed
-            self._quarters[sp.key] = _Quarter(
-                sp.key,
-                sp.values.dest,
-                prices,
-                sp.ts,
-                sp.cols,
-                sp.pcols,
-                sp.sessions,
-                _segment_changes(prices, sp.pcols),
+        for group, (values, prices) in arenas:
+            pcols = group[0].pcols
+            named = prices[:, : len(pcols)]  # a view: the padding stays unaddressed
+            arena = _Arena(
+                values=values,
+                prices=named,
+                ts=np.concatenate([sp.ts for sp in group]),
+                sessions=np.concatenate([sp.sessions for sp in group]),
+                segment_changes=_segment_changes(named, pcols),
+                log_close=_log_close(named, pcols),
             )
+            row0 = 0
+            for sp in group:
+                a, b = row0, row0 + sp.n
+                self._quarters[sp.key] = _Quarter(
+                    sp.key,
+                    arena.values[a:b],
+                    arena.prices[a:b],
+                    arena.ts[a:b],
+                    sp.cols,
+                    pcols,
+                    arena.sessions[a:b],
+                    None if arena.segment_changes is None else arena.segment_changes[a:b],
+                    arena.log_close[a:b],
+                    arena,
+                    a,
+                )
+                row0 = b
+        for sp in specs:
             st.uploads += 1
             st.uploads_by_key[sp.key] = st.uploads_by_key.get(sp.key, 0) + 1
             st.bytes_uploaded += sp.n * (sp.values.rowbytes + sp.prices.rowbytes)
@@ -609,7 +673,6 @@ class DeviceStore:
             if CLOSE_COLUMN not in pcols:
                 raise FxDataError(f"{key} ({path}): no {CLOSE_COLUMN!r} price column (price columns {pcols})")
             ts = np.array(fc.ts, dtype=np.int64)  # open_fxcache checked the order
-            dev = self._device
             vw, pw = int(h.row_width), int(h.price_width)
             return _FileSpec(
                 key=key,
@@ -629,7 +692,7 @@ class DeviceStore:
                     vw,
                     fc.dtype,
                     vw * int(h.itemsize),
-                    torch.empty((n, vw), dtype=self._value_dtype, device=dev),
+                    _UNPLACED,
                 ),
                 prices=_Region(
                     "price",
@@ -640,12 +703,39 @@ class DeviceStore:
                     pw,
                     "f64",
                     pw * 8,
-                    torch.empty((n, pw), dtype=torch.float64, device=dev),
+                    _UNPLACED,
                 ),
             )
         except BaseException:
             fc.close()
             raise
+
+    def _place_specs(
+        self, specs: list[_FileSpec]
+    ) -> list[tuple[list[_FileSpec], tuple[torch.Tensor, torch.Tensor]]]:
+        """Allocate the device destinations: each maximal run of consecutive files with the same
+        layout gets one values and one prices allocation, the files back to back in the given
+        order (the loader passes each symbol's quarters in time order), so that a fold's view
+        of consecutive quarters is a slice of them (see :meth:`concat_view`)."""
+        groups: list[list[_FileSpec]] = []
+        for sp in specs:
+            if groups and _layout(groups[-1][-1]) == _layout(sp) and groups[-1][-1].ts[-1] <= sp.ts[0]:
+                groups[-1].append(sp)
+            else:
+                groups.append([sp])
+        out = []
+        for group in groups:
+            n = sum(sp.n for sp in group)
+            first = group[0]
+            values = torch.empty((n, first.values.w), dtype=self._value_dtype, device=self._device)
+            prices = torch.empty((n, first.prices.w), dtype=torch.float64, device=self._device)
+            row0 = 0
+            for sp in group:
+                sp.values.dest = values[row0 : row0 + sp.n]
+                sp.prices.dest = prices[row0 : row0 + sp.n]
+                row0 += sp.n
+            out.append((group, (values, prices)))
+        return out
 
     def _staging_pool(self, n_buf: int, nbytes: int) -> list[torch.Tensor]:
         """Pinned (on CUDA) chunk buffers, allocated once per store and reused across calls."""
@@ -805,7 +895,8 @@ class DeviceStore:
                     raise FxDataError(f"{where}: column {sp.cols[c]!r} is NaN/Inf at bar {r}")
 
     def drop_quarter(self, key: str) -> None:
-        """Free a quarter (and any cached view that contains it)."""
+        """Forget a quarter (and any cached view that contains it). A quarter uploaded with
+        others shares their allocation: its memory returns when the last of them is dropped."""
         self._quarters.pop(key)
         for k in [k for k in self._views if key in k]:
             del self._views[k]
@@ -832,26 +923,46 @@ class DeviceStore:
                 raise FxDataError(
                     f"concat_view: {b.key} starts before {a.key} ends (keys must be in time order)"
                 )
-        lens = np.array([q.values.shape[0] for q in qs], dtype=np.int64)
+        lens = np.array([q.n for q in qs], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        if len(qs) == 1:
-            values, prices = qs[0].values, qs[0].prices  # zero copy
-            seg = qs[0].segment_changes
+        arena = qs[0].arena
+        if len(qs) == 1:  # the resident tensors themselves
+            q = qs[0]
+            values, prices, ts, sessions = q.values, q.prices, q.ts, q.sessions
+            seg, logc = q.segment_changes, q.log_close
+        elif arena is not None and all(
+            nxt.arena is arena and nxt.row0 == cur.row0 + cur.n for cur, nxt in itertools.pairwise(qs)
+        ):
+            # back to back in one upload: a slice of it, no copy on the device or the host
+            lo, hi = qs[0].row0, qs[-1].row0 + qs[-1].n
+            values, prices, ts, sessions = (
+                arena.values[lo:hi],
+                arena.prices[lo:hi],
+                arena.ts[lo:hi],
+                arena.sessions[lo:hi],
+            )
+            seg = None if arena.segment_changes is None else arena.segment_changes[lo:hi]
+            logc = arena.log_close[lo:hi]
+            self._stats.concat_zero_copy += 1
         else:
             values = torch.cat([q.values for q in qs], dim=0)  # device→device, once per key set
             prices = torch.cat([q.prices for q in qs], dim=0)
             self._stats.device_copy_bytes += values.numel() * values.element_size() + prices.numel() * 8
+            ts = np.concatenate([q.ts for q in qs])
+            sessions = np.concatenate([q.sessions for q in qs])
             seg = self._concat_segment_changes(qs)
+            logc = torch.cat([q.log_close for q in qs])
         view = DeviceSlice(
             keys=kt,
             values=values,
             prices=prices,
-            ts=np.concatenate([q.ts for q in qs]),
+            ts=ts,
             columns=qs[0].columns,
             price_columns=qs[0].price_columns,
             offsets=offsets,
-            sessions=np.concatenate([q.sessions for q in qs]),
+            sessions=sessions,
             segment_changes=seg,
+            log_close=logc,
         )
         self._stats.concat_builds += 1
         self._views[kt] = view
@@ -869,11 +980,13 @@ class DeviceStore:
         for prev, q in zip([None, *qs[:-1]], qs, strict=True):
             c = q.segment_changes
             assert c is not None
+            c = c - c[:1]  # a quarter's counts start where its arena's left off: rebase them to 0
             if prev is not None:
                 pc = prev.segment_changes
                 assert pc is not None
                 step = (q.prices[0, j] != prev.prices[-1, j]).to(torch.int32)
-                base = (pc[-1] + step) if base is None else base + pc[-1] + step
+                span = pc[-1] - pc[0] + step  # changes within prev, plus the one at the boundary
+                base = span if base is None else base + span
                 c = c + base
             parts.append(c)
         return torch.cat(parts)

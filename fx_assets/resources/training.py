@@ -158,8 +158,10 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
 
     def load_quarters(self, parts: list[QuarterSymbol]) -> None:
         """Upload the partitions' fxcache files this run has not uploaded yet, in one threaded
-        read → pinned buffer → device pipeline (each file validated first)."""
-        todo = [p for p in parts if p.label not in self._loaded]
+        read → pinned buffer → device pipeline (each file validated first). Each symbol's
+        quarters go in time order, so the store lays them back to back and a fold's view of
+        consecutive quarters is a slice, not a copy."""
+        todo = sorted((p for p in parts if p.label not in self._loaded), key=lambda p: (p.symbol, p.quarter))
         if not todo:
             return
         items = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -457,3 +458,89 @@ def test_fold_transition_does_no_calendar_work(tmp_path: Path, monkeypatch: pyte
     fold = fold_transition(view, fr, cfg)
     np.testing.assert_array_equal(fold.val_sessions, want[fr.val_start : fr.val_end])
     np.testing.assert_array_equal(fold.train_sessions, want[fr.train_start : fr.train_end])
+
+
+def test_consecutive_quarters_of_one_upload_are_a_view_not_a_copy(tmp_path: Path) -> None:
+    """Quarters uploaded together lie back to back: the view of consecutive ones shares their
+    storage (no device or host copy, whatever the fold), and its fold equals the fold built
+    from quarters uploaded one by one (concatenated by copy), roll mask included."""
+    items, starts = _market_caches(tmp_path, "f32")
+    keys = [k for k, _ in items]
+    together = DeviceStore(device="cpu", price_tick=0.25)
+    together.add_fxcaches(items)
+    apart = DeviceStore(device="cpu", price_tick=0.25, max_views=4)
+    for k, p in items:
+        apart.add_fxcache(k, p)
+    cfg = TrainConfig(trainer="mlp")
+    fcfg = FoldConfig(train_quarters=2, purge_bars=cfg.purge_bars, warmup_bars=0)
+    for ks in (keys, keys[1:], keys[:2]):
+        v, c = together.concat_view(ks), apart.concat_view(ks)
+        first = together.concat_view(ks[:1])
+        assert v.values.untyped_storage().data_ptr() == first.values.untyped_storage().data_ptr()
+        assert v.values.data_ptr() == first.values.data_ptr()
+        assert np.shares_memory(v.ts, first.ts) and np.shares_memory(v.sessions, first.sessions)
+        assert torch.equal(v.values, c.values) and torch.equal(v.prices, c.prices)
+        np.testing.assert_array_equal(v.ts, c.ts)
+        assert v.log_close is not None and torch.equal(v.log_close, torch.log(v.close))
+        # the roll counts may start anywhere; where they change is what matters
+        assert v.segment_changes is not None and c.segment_changes is not None
+        assert torch.equal(torch.diff(v.segment_changes), torch.diff(c.segment_changes))
+        if len(ks) == 3:
+            fr = fold_range(v.ts, starts, 2, fcfg, name="q3")
+            a, b = fold_transition(v, fr, cfg), fold_transition(c, fr, cfg)
+            for name in ("x_train", "x_val", "mean", "std"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+            for name in ("y_train", "r1_train", "y_val", "r1_val"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert torch.equal(torch.isnan(x), torch.isnan(y)) and torch.equal(
+                    torch.nan_to_num(x), torch.nan_to_num(y)
+                ), name
+    st_t, st_a = together.stats(), apart.stats()
+    assert st_t["device_copy_bytes"] == 0 and st_t["concat_zero_copy"] == 3
+    assert st_a["device_copy_bytes"] > 0 and st_a["concat_zero_copy"] == 0
+    # a view that skips a quarter is not contiguous: built by copy, the roll between its
+    # quarters still counted
+    gap = together.concat_view([keys[0], keys[2]])
+    assert together.stats()["device_copy_bytes"] > 0
+    contract = gap.price("contract")
+    want = torch.cumsum(torch.cat([torch.zeros(1), (contract[1:] != contract[:-1]).double()]), 0)
+    assert gap.segment_changes is not None and int(want[-1]) == 2  # the boundary and Q2's roll
+    assert torch.equal(gap.segment_changes.double(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fused_transition_on_a_zero_copy_view_with_rolls(tmp_path: Path) -> None:
+    """On CUDA, the fold of a zero-copy view of three fxcache quarters with two rolls: the fused
+    kernels give the torch path's labels bit for bit (roll mask included) and its inputs; a
+    NaN training input is named; the warm-up leaves the kernels enabled."""
+    from fx_assets.core.trainers import transition
+
+    items, starts = _market_caches(tmp_path, "f32")
+    store = DeviceStore(device="cuda", price_tick=0.25)
+    store.add_fxcaches(items)
+    view = store.concat_view([k for k, _ in items])
+    assert store.stats()["concat_zero_copy"] == 1
+    cfg = TrainConfig(trainer="mlp")
+    fr = fold_range(
+        view.ts, starts, 2, FoldConfig(train_quarters=2, purge_bars=cfg.purge_bars, warmup_bars=0), name="q3"
+    )
+    assert transition.warm_up(view, cfg) >= 0 and transition._FUSED_STATE["enabled"]
+    fused = fold_transition(view, fr, cfg)
+    assert fused.extra["fused_kernels"], transition._FUSED_STATE
+    transition._FUSED_STATE["enabled"] = False
+    try:
+        ref = fold_transition(view, fr, cfg)
+    finally:
+        transition._FUSED_STATE["enabled"] = True
+    assert fused.extra["train_labels_undefined"] == ref.extra["train_labels_undefined"] > 0
+    for name in ("y_train", "r1_train", "y_val", "r1_val"):
+        torch.testing.assert_close(getattr(fused, name), getattr(ref, name), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(fused.mean, ref.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused.std, ref.std, rtol=1e-10, atol=0)
+    torch.testing.assert_close(fused.x_train, ref.x_train, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fused.x_val, ref.x_val, rtol=0, atol=1e-5)
+    bad = view.values.clone()
+    bad[fr.train_start + 7, view.column_index("f1")] = float("nan")
+    with pytest.raises(FxDataError, match=rf"'f1'.*row {fr.train_start + 7}"):
+        fold_transition(dataclasses.replace(view, values=bad), fr, cfg)

@@ -12,14 +12,15 @@ validation quarter — masking every label whose window spans a contract roll, a
 with one host sync at the end, that the purge holds, that every training label is defined
 (unless contract segments mark rolls), that every close is finite and positive, and that no
 input is NaN/Inf. The labels follow ``core.labels`` op for op (its torch functions are not
-called: they sync once each to validate the close column). On CUDA, three Triton kernels (see
+called: they sync once each to validate the close column). On CUDA, four Triton kernels (see
 "fused CUDA kernels" below) do the statistics, the normalisation and the labels with the roll
 mask; elsewhere torch ops do.
 
-Nothing here is computed per fold that depends on a quarter alone: session ids and the running
-contract-change count come with the slice, computed once per quarter when the device store
-uploaded it, and small constant index tensors are uploaded once per process. A fold's
-transition is thus a handful of kernel launches and one host sync.
+Nothing here is computed per fold that depends on a quarter alone: session ids, ln close and
+the running contract-change count come with the slice, computed once per quarter when the
+device store uploaded it, and small constant index tensors are uploaded once per process. A
+fold's transition is thus a handful of kernel launches and one host sync. :func:`warm_up` runs
+one small transition first, so that a run's first fold does not pay the kernel builds.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,8 +44,9 @@ from fx_assets.core.trainers.common import FoldData, FoldRangeLike, TrainConfig
 
 
 # ---------------------------------------------------------------------------- labels
-def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1-bar forward return, blended target), the formulas of ``core.labels`` without its syncs.
+def _labels(logc: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1-bar forward return, blended target) from ``logc = torch.log(close)``, the formulas of
+    ``core.labels`` without its syncs.
 
     ``labels.*_torch`` check the close column with a host sync each; here that check is one of
     the deferred checks of :func:`fold_transition`. The arithmetic is the same op for op (the
@@ -52,7 +55,6 @@ def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[tor
     """
     hs = tuple(int(h) for h in horizons)
     labels.max_horizon(hs, lag)  # validates horizons and lag (no device work)
-    logc = torch.log(close)
     n = logc.shape[0]
     r1 = torch.full_like(logc, float("nan"))
     m1 = n - lag - 1
@@ -69,15 +71,27 @@ def _labels(close: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[tor
 
 
 # ---------------------------------------------------------------------------- fused CUDA kernels
-# Two Triton kernels do the heavy part of a fold transition on CUDA in two passes over the
-# slice (torch needs six: gather, widen to f64, var_mean, addcmul, clamp, validation sum):
-#   1. column sums of (x - k) and (x - k)^2 in float64 over the training rows (k = the first
-#      training row, so the one-pass variance has no cancellation), per-program partials that
-#      torch adds up in a fixed order (deterministic);
-#   2. gather of the input columns, (x - mean) / std, clip, and a count of non-finite inputs.
-# Without Triton, on the CPU, or if a kernel fails to build, the torch path runs instead.
+# Four Triton kernels do a fold transition on CUDA in two passes over the slice (torch needs
+# six, and some twenty small ops between them):
+#   1. ``col_stats``: column sums of (x - k) and (x - k)^2 in float64 over the training rows
+#      (k = the first training row, so the one-pass variance has no cancellation), as
+#      per-program partials;
+#   2. ``finalize`` (one program): adds the partials up in a fixed order (deterministic), and
+#      writes mean, var, std (floored), the float32 scale and shift of the inputs, and a count of
+#      non-finite statistics;
+#   3. ``normalise``: gather of the input columns, (x - mean) / std, clip, and a count of
+#      non-finite inputs;
+#   4. ``fwd_labels``: the labels from the per-upload ln close, the roll mask, and the counts
+#      of undefined training labels and bad closes.
+# Every count goes to one small int32 vector (integer atomics, issued only where non-zero),
+# read back with the transition's one host sync. Integer arguments are not specialised on
+# their values, so one build serves every fold. Without Triton, on the CPU, or if a kernel
+# fails to build, the torch path runs instead.
 _KERNELS: dict[str, Any] = {}
 _FUSED_STATE = {"enabled": os.environ.get("FX_FUSED_FOLD", "1") != "0", "error": ""}
+# the check vector: [non-finite statistics, non-finite inputs, undefined blended training
+# labels, undefined 1-bar training labels, closes not finite and > 0]
+_N_CHECKS = 5
 
 
 def _kernels() -> dict[str, Any] | None:
@@ -92,10 +106,9 @@ def _kernels() -> dict[str, Any] | None:
         _FUSED_STATE.update(enabled=False, error=f"no triton: {exc}")
         return None
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["row0", "n_rows", "stride", "width", "rows_per_prog"])
     def col_stats(
         v_ptr,
-        k_ptr,
         part_ptr,
         row0,
         n_rows,
@@ -108,7 +121,8 @@ def _kernels() -> dict[str, Any] | None:
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < width
-        k = tl.load(k_ptr + cols, mask=cmask, other=0.0)
+        base = v_ptr + row0.to(tl.int64) * stride
+        k = tl.load(base + cols, mask=cmask, other=0.0).to(tl.float64)
         # elementwise accumulators, reduced across rows once at the end
         s1 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
         s2 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
@@ -117,53 +131,106 @@ def _kernels() -> dict[str, Any] | None:
         for r0 in range(start, end, BLOCK_R):
             rows = r0 + tl.arange(0, BLOCK_R)
             m = (rows < end)[:, None] & cmask[None, :]
-            ptrs = v_ptr + (row0 + rows).to(tl.int64)[:, None] * stride + cols[None, :]
-            x = tl.load(ptrs, mask=m, other=0.0).to(tl.float64)
-            d = tl.where(m, x - k[None, :], 0.0)
+            x = tl.load(base + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=m, other=0.0)
+            d = tl.where(m, x.to(tl.float64) - k[None, :], 0.0)
             s1 += d
             s2 += d * d
-        base = part_ptr + pid * 2 * BLOCK_C
-        tl.store(base + cols, tl.sum(s1, axis=0))
-        tl.store(base + BLOCK_C + cols, tl.sum(s2, axis=0))
+        out = part_ptr + pid * 2 * BLOCK_C
+        tl.store(out + cols, tl.sum(s1, axis=0))
+        tl.store(out + BLOCK_C + cols, tl.sum(s2, axis=0))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["row0", "stride", "n_prog", "n_tr", "n_feat"])
+    def finalize(
+        part_ptr,
+        v_ptr,
+        idx_ptr,
+        mean_ptr,
+        var_ptr,
+        std_ptr,
+        scale_ptr,
+        shift_ptr,
+        chk_ptr,
+        row0,
+        stride,
+        n_prog,
+        n_tr,
+        n_feat,
+        std_floor,
+        PART_W: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK_P: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK_F: tl.constexpr,  # type: ignore[name-defined]
+    ):
+        # one program: the statistics of the model's input columns, op for op the torch path's
+        f = tl.arange(0, BLOCK_F)
+        fm = f < n_feat
+        src = tl.load(idx_ptr + f, mask=fm, other=0)
+        k = tl.load(v_ptr + row0.to(tl.int64) * stride + src, mask=fm, other=0.0).to(tl.float64)
+        s1 = tl.zeros([BLOCK_F], dtype=tl.float64)
+        s2 = tl.zeros([BLOCK_F], dtype=tl.float64)
+        for p0 in range(0, n_prog, BLOCK_P):
+            ps = p0 + tl.arange(0, BLOCK_P)
+            m = (ps < n_prog)[:, None] & fm[None, :]
+            at = part_ptr + ps[:, None] * (2 * PART_W) + src[None, :]
+            s1 += tl.sum(tl.load(at, mask=m, other=0.0), axis=0)
+            s2 += tl.sum(tl.load(at + PART_W, mask=m, other=0.0), axis=0)
+        d1 = s1 / n_tr
+        mean = k + d1
+        v = s2 / n_tr - d1 * d1
+        var = tl.where(v > 0.0, v, 0.0)
+        std = tl.sqrt(var)
+        std = tl.where(std > std_floor, std, 1.0)
+        inv = 1.0 / std
+        tl.store(mean_ptr + f, mean, mask=fm)
+        tl.store(var_ptr + f, var, mask=fm)
+        tl.store(std_ptr + f, std, mask=fm)
+        tl.store(scale_ptr + f, inv.to(tl.float32), mask=fm)
+        tl.store(shift_ptr + f, (-mean * inv).to(tl.float32), mask=fm)
+        fin = (mean == mean) & (tl.abs(mean) < float("inf")) & (s2 == s2) & (tl.abs(s2) < float("inf"))
+        n_bad = tl.sum((fm & ~fin).to(tl.int32), axis=0)
+        tl.atomic_add(chk_ptr, n_bad, mask=n_bad > 0)
+
+    @triton.jit(do_not_specialize=["row0", "n_rows", "stride", "n_feat"])
     def normalise(
         v_ptr,
         idx_ptr,
         scale_ptr,
         shift_ptr,
         out_ptr,
-        bad_ptr,
+        chk_ptr,
         row0,
-        n_out,
+        n_rows,
         stride,
         n_feat,
         clip,
-        BLOCK: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK_R: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK_F: tl.constexpr,  # type: ignore[name-defined]
     ):
-        # one program per BLOCK consecutive outputs of the row-major [m, n_feat] result
+        # one program per BLOCK_R rows of the row-major [n_rows, n_feat] result
         pid = tl.program_id(0)
-        e = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = e < n_out
-        row = e // n_feat
-        j = (e - row * n_feat).to(tl.int32)
-        src = tl.load(idx_ptr + j, mask=ok, other=0)
-        sc = tl.load(scale_ptr + j, mask=ok, other=0.0)
-        sh = tl.load(shift_ptr + j, mask=ok, other=0.0)
-        x = tl.load(v_ptr + (row0 + row) * stride + src, mask=ok, other=0.0).to(tl.float32)
-        y = x * sc + sh
+        rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        f = tl.arange(0, BLOCK_F)
+        fm = f < n_feat
+        m = (rows < n_rows)[:, None] & fm[None, :]
+        src = tl.load(idx_ptr + f, mask=fm, other=0)
+        sc = tl.load(scale_ptr + f, mask=fm, other=0.0)
+        sh = tl.load(shift_ptr + f, mask=fm, other=0.0)
+        x = tl.load(v_ptr + (row0 + rows)[:, None] * stride + src[None, :], mask=m, other=0.0).to(tl.float32)
+        y = x * sc[None, :] + sh[None, :]
         y = tl.minimum(tl.maximum(y, -clip), clip)
-        tl.store(out_ptr + e, y, mask=ok)
-        bad = ok & ((x != x) | (tl.abs(x) > 3.4028234663852886e38))
-        tl.store(bad_ptr + pid, tl.sum(bad.to(tl.int32), axis=0))
+        tl.store(out_ptr + rows[:, None] * n_feat + f[None, :], y, mask=m)
+        n_bad = tl.sum(
+            tl.sum((m & ((x != x) | (tl.abs(x) > 3.4028234663852886e38))).to(tl.int32), axis=1), axis=0
+        )
+        tl.atomic_add(chk_ptr + 1, n_bad, mask=n_bad > 0)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["cs", "n", "n_tr", "lag", "h_max"])
     def fwd_labels(
+        logc_ptr,
         close_ptr,
         seg_ptr,
         r1_ptr,
         bl_ptr,
-        cnt_ptr,
+        chk_ptr,
         hs_ptr,
         den_ptr,
         cs,
@@ -175,26 +242,26 @@ def _kernels() -> dict[str, Any] | None:
         HAS_SEG: tl.constexpr,  # type: ignore[name-defined]
         BLOCK: tl.constexpr,  # type: ignore[name-defined]
     ):
-        # r1_j = ln C[j+d+1] - ln C[j+d]; blended_j = (sum_h (ln C[j+d+h] - ln C[j+d]) / sqrt h) / |H|
-        # (the op order of core.labels); NaN where a horizon runs past the slice, and (HAS_SEG)
-        # where the running contract-change count differs between the window's ends (a roll)
+        # r1_j = L[j+d+1] - L[j+d]; blended_j = (sum_h (L[j+d+h] - L[j+d]) / sqrt h) / |H| with
+        # L = ln close (the op order of core.labels); NaN where a horizon runs past the slice,
+        # and (HAS_SEG) where the running contract-change count differs between the window's
+        # ends (a roll)
         pid = tl.program_id(0)
         j = pid * BLOCK + tl.arange(0, BLOCK)
         inb = j < n
         c = tl.load(close_ptr + j * cs, mask=inb, other=1.0)
         bad_c = inb & ~((c == c) & (c > 0) & (c < float("inf")))
         ok_b = inb & ((j + lag) < n)
-        lb = tl.log(tl.load(close_ptr + (j + lag) * cs, mask=ok_b, other=1.0))
+        lb = tl.load(logc_ptr + (j + lag), mask=ok_b, other=0.0)
         ok1 = inb & ((j + lag + 1) < n)
-        r1 = tl.log(tl.load(close_ptr + (j + lag + 1) * cs, mask=ok1, other=1.0)) - lb
+        r1 = tl.load(logc_ptr + (j + lag + 1), mask=ok1, other=0.0) - lb
         r1 = tl.where(ok1, r1, float("nan"))
         okh = inb & ((j + lag + h_max) < n)
         acc = tl.zeros([BLOCK], dtype=tl.float64)
         for i in tl.static_range(N_H):
             h = tl.load(hs_ptr + i)
             den = tl.load(den_ptr + i)
-            lh = tl.log(tl.load(close_ptr + (j + lag + h) * cs, mask=okh, other=1.0))
-            acc = acc + (lh - lb) / den
+            acc = acc + (tl.load(logc_ptr + (j + lag + h), mask=okh, other=0.0) - lb) / den
         bl = tl.where(okh, acc / N_H, float("nan"))
         if HAS_SEG:
             s0 = tl.load(seg_ptr + (j + lag), mask=ok_b, other=0)
@@ -205,20 +272,26 @@ def _kernels() -> dict[str, Any] | None:
         tl.store(r1_ptr + j, r1, mask=inb)
         tl.store(bl_ptr + j, bl, mask=inb)
         tr = inb & (j < n_tr)
-        bl_bad = tr & ~((bl == bl) & (tl.abs(bl) < float("inf")))
-        r1_bad = tr & ~((r1 == r1) & (tl.abs(r1) < float("inf")))
-        tl.store(cnt_ptr + pid * 3, tl.sum(bl_bad.to(tl.int32), axis=0))
-        tl.store(cnt_ptr + pid * 3 + 1, tl.sum(r1_bad.to(tl.int32), axis=0))
-        tl.store(cnt_ptr + pid * 3 + 2, tl.sum(bad_c.to(tl.int32), axis=0))
+        n_bl = tl.sum((tr & ~((bl == bl) & (tl.abs(bl) < float("inf")))).to(tl.int32), axis=0)
+        n_r1 = tl.sum((tr & ~((r1 == r1) & (tl.abs(r1) < float("inf")))).to(tl.int32), axis=0)
+        n_c = tl.sum(bad_c.to(tl.int32), axis=0)
+        tl.atomic_add(chk_ptr + 2, n_bl, mask=n_bl > 0)
+        tl.atomic_add(chk_ptr + 3, n_r1, mask=n_r1 > 0)
+        tl.atomic_add(chk_ptr + 4, n_c, mask=n_c > 0)
 
     _KERNELS.update(
-        col_stats=col_stats, normalise=normalise, fwd_labels=fwd_labels, next_pow2=triton.next_power_of_2
+        col_stats=col_stats,
+        finalize=finalize,
+        normalise=normalise,
+        fwd_labels=fwd_labels,
+        next_pow2=triton.next_power_of_2,
     )
     return _KERNELS
 
 
-_STATS_ROWS, _NORM_BLOCK, _LABEL_BLOCK = 16, 1024, 1024
+_STATS_ROWS, _NORM_ROWS, _LABEL_BLOCK, _PART_BLOCK = 32, 32, 1024, 64
 _CONSTS: dict[tuple[str, tuple[float, ...], torch.dtype], torch.Tensor] = {}
+_SMS: dict[str, int] = {}
 
 
 def _const(dev: torch.device, values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
@@ -230,10 +303,30 @@ def _const(dev: torch.device, values: Sequence[float], dtype: torch.dtype) -> to
     return t
 
 
+def _sm_count(dev: torch.device) -> int:
+    key = str(dev)
+    if key not in _SMS:
+        _SMS[key] = int(torch.cuda.get_device_properties(dev).multi_processor_count)
+    return _SMS[key]
+
+
+def _kernel_failed(exc: Exception) -> None:
+    """A build/launch failure of the kernels: warn once and keep going on the torch path."""
+    _FUSED_STATE.update(enabled=False, error=f"{type(exc).__name__}: {exc}")
+    _KERNELS.clear()
+    warnings.warn(f"fold_transition: fused kernels disabled ({exc}); using torch ops", stacklevel=4)
+
+
 def _fused_normalise(
-    values: torch.Tensor, col_idx: torch.Tensor, ts0: int, n_tr: int, m: int, cfg: TrainConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(x, mean, var, std, non-finite input count) by the Triton kernels, or None (torch path)."""
+    values: torch.Tensor,
+    col_idx: torch.Tensor,
+    ts0: int,
+    n_tr: int,
+    m: int,
+    cfg: TrainConfig,
+    chk: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(x, mean, var, std) by the Triton kernels, counts into ``chk``; or None (torch path)."""
     if (
         values.device.type != "cuda"
         or values.stride(1) != 1
@@ -244,70 +337,51 @@ def _fused_normalise(
     if ker is None:
         return None
     try:
+        dev = values.device
         width, stride, f = int(values.shape[1]), int(values.stride(0)), int(col_idx.numel())
         block_c = ker["next_pow2"](width)
-        n_prog = min(
-            8 * torch.cuda.get_device_properties(values.device).multi_processor_count,
-            max(1, math.ceil(n_tr / _STATS_ROWS)),
-        )
+        block_f = ker["next_pow2"](f)
+        n_prog = min(4 * _sm_count(dev), max(1, math.ceil(n_tr / _STATS_ROWS)))
         rows_per_prog = math.ceil(math.ceil(n_tr / n_prog) / _STATS_ROWS) * _STATS_ROWS
         n_prog = math.ceil(n_tr / rows_per_prog)
-        k = values[ts0].to(torch.float64)
-        part = torch.empty((n_prog, 2, block_c), dtype=torch.float64, device=values.device)
+        part = torch.empty((n_prog, 2, block_c), dtype=torch.float64, device=dev)
         ker["col_stats"][(n_prog,)](
-            values,
-            k,
-            part,
-            ts0,
-            n_tr,
-            stride,
-            width,
-            rows_per_prog,
-            BLOCK_R=_STATS_ROWS,
-            BLOCK_C=block_c,
-            num_warps=4,
-        )
-        tot = part.sum(dim=0)[:, :width]
-        d1 = tot[0] / n_tr
-        mean_all = k + d1
-        var_all = torch.clamp(tot[1] / n_tr - d1 * d1, min=0.0)
-        mean, var = mean_all[col_idx], var_all[col_idx]
-        std = var.sqrt()
-        std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
-        inv = std.reciprocal()
-        x = torch.empty((m, f), dtype=torch.float32, device=values.device)
-        n_blk = math.ceil(m * f / _NORM_BLOCK)
-        bad = torch.empty(n_blk, dtype=torch.int32, device=values.device)
-        ker["normalise"][(n_blk,)](
-            values,
-            col_idx,
-            inv.to(torch.float32),
-            (-mean * inv).to(torch.float32),
-            x,
-            bad,
-            ts0,
-            m * f,
-            stride,
-            f,
-            float(cfg.clip_z),
-            BLOCK=_NORM_BLOCK,
-            num_warps=4,
-        )
-        return x, mean, var, std, bad.sum()
-    except Exception as exc:  # a build/launch failure of the kernels: keep going on the torch path
-        _FUSED_STATE.update(enabled=False, error=f"{type(exc).__name__}: {exc}")
-        _KERNELS.clear()
-        warnings.warn(f"fold_transition: fused kernels disabled ({exc}); using torch ops", stacklevel=3)
+            values, part, ts0, n_tr, stride, width, rows_per_prog,
+            BLOCK_R=_STATS_ROWS, BLOCK_C=block_c, num_warps=4,
+        )  # fmt: skip
+        stats = torch.empty((3, f), dtype=torch.float64, device=dev)  # mean, var, std
+        affine = torch.empty((2, f), dtype=torch.float32, device=dev)  # scale, shift
+        ker["finalize"][(1,)](
+            part, values, col_idx, stats[0], stats[1], stats[2], affine[0], affine[1], chk,
+            ts0, stride, n_prog, n_tr, f, float(cfg.std_floor),
+            PART_W=block_c, BLOCK_P=_PART_BLOCK, BLOCK_F=block_f, num_warps=4,
+        )  # fmt: skip
+        x = torch.empty((m, f), dtype=torch.float32, device=dev)
+        ker["normalise"][(math.ceil(m / _NORM_ROWS),)](
+            values, col_idx, affine[0], affine[1], x, chk, ts0, m, stride, f, float(cfg.clip_z),
+            BLOCK_R=_NORM_ROWS, BLOCK_F=block_f, num_warps=4,
+        )  # fmt: skip
+        return x, stats[0], stats[1], stats[2]
+    except Exception as exc:
+        _kernel_failed(exc)
         return None
 
 
 def _fused_labels(
-    close: torch.Tensor, seg: torch.Tensor | None, horizons: Sequence[int], lag: int, n_tr: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(r1, blended, [undefined blended, undefined r1 in training rows, bad closes]) in one kernel;
-    ``seg`` (int32 running change counts of the same rows, contiguous) masks labels across rolls."""
+    logc: torch.Tensor,
+    close: torch.Tensor,
+    seg: torch.Tensor | None,
+    horizons: Sequence[int],
+    lag: int,
+    n_tr: int,
+    chk: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(r1, blended) in one kernel from ``logc`` (ln ``close``), counts into ``chk``; ``seg``
+    (int32 running change counts of the same rows, contiguous) masks labels across rolls."""
     ker = _kernels()
     if ker is None or close.device.type != "cuda" or close.dtype != torch.float64:
+        return None
+    if logc.dtype != torch.float64 or logc.stride(0) != 1:
         return None
     if seg is not None and (seg.dtype != torch.int32 or seg.stride(0) != 1):
         return None
@@ -315,35 +389,17 @@ def _fused_labels(
         hs = tuple(int(h) for h in horizons)
         h_max = labels.max_horizon(hs, lag) - lag  # validates horizons and lag
         n = int(close.shape[0])
-        r1 = torch.empty(n, dtype=torch.float64, device=close.device)
-        bl = torch.empty(n, dtype=torch.float64, device=close.device)
-        n_blk = math.ceil(n / _LABEL_BLOCK)
-        cnt = torch.empty((n_blk, 3), dtype=torch.int32, device=close.device)
+        out = torch.empty((2, n), dtype=torch.float64, device=close.device)
         hs_t = _const(close.device, hs, torch.int64)
         den = _const(close.device, tuple(math.sqrt(h) for h in hs), torch.float64)
-        ker["fwd_labels"][(n_blk,)](
-            close,
-            seg if seg is not None else close,
-            r1,
-            bl,
-            cnt,
-            hs_t,
-            den,
-            close.stride(0),
-            n,
-            n_tr,
-            lag,
-            h_max,
-            N_H=len(hs),
-            HAS_SEG=seg is not None,
-            BLOCK=_LABEL_BLOCK,
-            num_warps=4,
-        )
-        return r1, bl, cnt.sum(dim=0)
-    except Exception as exc:  # as in _fused_normalise: fall back to torch ops
-        _FUSED_STATE.update(enabled=False, error=f"{type(exc).__name__}: {exc}")
-        _KERNELS.clear()
-        warnings.warn(f"fold_transition: fused kernels disabled ({exc}); using torch ops", stacklevel=3)
+        ker["fwd_labels"][(math.ceil(n / _LABEL_BLOCK),)](
+            logc, close, seg if seg is not None else logc, out[0], out[1], chk, hs_t, den,
+            close.stride(0), n, n_tr, lag, h_max,
+            N_H=len(hs), HAS_SEG=seg is not None, BLOCK=_LABEL_BLOCK, num_warps=4,
+        )  # fmt: skip
+        return out[0], out[1]
+    except Exception as exc:
+        _kernel_failed(exc)
         return None
 
 
@@ -415,10 +471,12 @@ def fold_transition(
     v0 = vs - ts0
 
     # No host sync until the checks below: every step is a device op queued behind the last.
-    fused = _fused_normalise(store_slice.values, col_idx, ts0, n_tr, ve - ts0, cfg)
+    # The check counts (see _N_CHECKS) gather in one int32 vector, read back once.
+    chk = torch.zeros(_N_CHECKS, dtype=torch.int32, device=dev)
+    fused = _fused_normalise(store_slice.values, col_idx, ts0, n_tr, ve - ts0, cfg, chk)
     block: torch.Tensor | None = None
     if fused is not None:
-        x, mean, var, std, n_bad_inputs = fused
+        x, mean, var, std = fused
     else:
         block = store_slice.values[ts0:ve].index_select(1, col_idx)
         if block.dtype != torch.float32:
@@ -432,46 +490,38 @@ def fold_transition(
         x = torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
             -cfg.clip_z, cfg.clip_z
         )
-        # a NaN/Inf validation input makes its column's sum non-finite (a sum that merely
-        # overflows float32 is sorted out by the slow path below)
-        n_bad_inputs = (~torch.isfinite(block[v0:].sum(dim=0))).sum()
+        # A NaN/Inf training input makes its column's mean/var non-finite, a validation one
+        # its column's sum (a sum that merely overflows float32 is sorted out by the slow path).
+        chk[0] += (~(torch.isfinite(mean) & torch.isfinite(var))).sum().to(torch.int32)
+        chk[1] += (~torch.isfinite(block[v0:].sum(dim=0))).sum().to(torch.int32)
 
     close = store_slice.close[ts0:ve]  # labels never read a price past val_end
+    full_logc = store_slice.log_close
+    logc = full_logc[ts0:ve] if full_logc is not None else torch.log(close)
     seg = changes[ts0:ve] if changes is not None else None
-    lab = _fused_labels(close, seg, cfg.horizons, cfg.entry_lag, n_tr) if fused is not None else None
+    lab = (
+        _fused_labels(logc, close, seg, cfg.horizons, cfg.entry_lag, n_tr, chk) if fused is not None else None
+    )
     if lab is not None:
-        r1, blended, kc = lab  # the roll mask is applied in the kernel
-        # [target, r1, close] counts straight from the kernel
-        lab_counts = torch.stack([kc[0] if cfg.target == "blended" else kc[1], kc[1], kc[2]])
-        target = blended if cfg.target == "blended" else r1
+        r1, blended = lab  # the roll mask and the counts are the kernel's
     else:
-        r1, blended = _labels(close, cfg.horizons, cfg.entry_lag)
+        r1, blended = _labels(logc, cfg.horizons, cfg.entry_lag)
         if seg is not None:
             r1, blended = _mask_segment_crossings(seg, r1, blended, cfg)
-        target = blended if cfg.target == "blended" else r1
-        lab_counts = torch.stack(
-            [
-                (~torch.isfinite(target[:n_tr])).sum(),
-                (~torch.isfinite(r1[:n_tr])).sum(),
-                (~(torch.isfinite(close) & (close > 0))).sum(),
-            ]
-        )
+        chk[2] += (~torch.isfinite(blended[:n_tr])).sum().to(torch.int32)
+        chk[3] += (~torch.isfinite(r1[:n_tr])).sum().to(torch.int32)
+        chk[4] += (~(torch.isfinite(close) & (close > 0))).sum().to(torch.int32)
+    target = blended if cfg.target == "blended" else r1
 
-    # One host sync for all checks. A NaN/Inf training input makes its column's mean/var
-    # non-finite, which is far cheaper than an elementwise isfinite.
-    checks = torch.cat(
-        [
-            (~(torch.isfinite(mean) & torch.isfinite(var))).sum().view(1),
-            n_bad_inputs.to(torch.long).view(1),
-            lab_counts.to(torch.long),
-        ]
-    ).tolist()
-    if checks[4]:
+    # The one host sync, for all checks.
+    bad_stats, bad_inputs, bad_blended, bad_r1, bad_close = chk.tolist()
+    bad_target = bad_blended if cfg.target == "blended" else bad_r1
+    if bad_close:
         j = int(torch.nonzero(~(torch.isfinite(close) & (close > 0)))[0, 0])
         raise FxDataError(
             f"{where}: close must be finite and > 0; slice row {ts0 + j} has {float(close[j])!r}"
         )
-    if checks[0] or checks[1]:  # slow path, only to name the first bad value
+    if bad_stats or bad_inputs:  # slow path, only to name the first bad value
         if block is None:
             block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
         bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
@@ -479,8 +529,8 @@ def fold_transition(
         if bad.shape[0]:
             r, c = int(bad[0, 0]), int(bad[0, 1])
             raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
-    if (checks[2] or checks[3]) and seg is None:
-        raise FxDataError(f"{where}: {max(checks[2], checks[3])} training labels undefined (purge/prices)")
+    if (bad_target or bad_r1) and seg is None:
+        raise FxDataError(f"{where}: {max(bad_target, bad_r1)} training labels undefined (purge/prices)")
 
     return FoldData(
         keys=store_slice.keys,
@@ -500,7 +550,7 @@ def fold_transition(
         horizons=tuple(cfg.horizons),
         entry_lag=cfg.entry_lag,
         target=cfg.target,
-        extra={"train_labels_undefined": int(max(checks[2], checks[3])), "fused_kernels": fused is not None},
+        extra={"train_labels_undefined": int(max(bad_target, bad_r1)), "fused_kernels": fused is not None},
     )
 
 
@@ -535,3 +585,33 @@ def _mask_segment_crossings(
         return out
 
     return torch.where(spans(1), nan, r1), torch.where(spans(max(cfg.horizons)), nan, blended)
+
+
+def warm_up(store_slice: DeviceSlice, cfg: TrainConfig) -> float:
+    """Run one small fold transition on the first rows of ``store_slice`` and return its seconds.
+
+    The first launch of each Triton kernel in a process builds it (or loads it from Triton's
+    disk cache): a run calls this once before its first fold, so that cost is reported as the
+    run's kernel warm-up instead of inflating one fold's transition. The kernels are not
+    specialised on integer arguments, so this build serves every fold of the same layout.
+    """
+    reach = int(cfg.purge_bars)
+    n_tr = max(64, 2 * reach)
+    n = min(store_slice.n_rows, n_tr + reach + 64)
+    t0 = time.perf_counter()
+    if n >= n_tr + reach + 2:
+        small = _WarmRange(0, n_tr, n_tr + reach, n)
+        try:
+            fold_transition(store_slice, small, cfg)
+        except FxDataError:
+            pass  # the real folds report their own data errors
+    return time.perf_counter() - t0
+
+
+class _WarmRange(NamedTuple):
+    """The fold range of :func:`warm_up` (a FoldRangeLike)."""
+
+    train_start: int
+    train_end: int
+    val_start: int
+    val_end: int
