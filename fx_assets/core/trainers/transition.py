@@ -84,8 +84,8 @@ def _labels(logc: torch.Tensor, horizons: Sequence[int], lag: int) -> tuple[torc
 #   4. ``fwd_labels``: the labels from the per-upload ln close, the roll mask, and the counts
 #      of undefined training labels and bad closes.
 # Every count goes to one small int32 vector (integer atomics, issued only where non-zero),
-# read back with the transition's one host sync. Integer arguments are not specialised on
-# their values, so one build serves every fold. Without Triton, on the CPU, or if a kernel
+# read back with the transition's one host sync. Row counts and offsets are not specialised
+# on their values, so one build serves every fold of a layout. Without Triton, on the CPU, or if a kernel
 # fails to build, the torch path runs instead.
 _KERNELS: dict[str, Any] = {}
 _FUSED_STATE = {"enabled": os.environ.get("FX_FUSED_FOLD", "1") != "0", "error": ""}
@@ -106,7 +106,7 @@ def _kernels() -> dict[str, Any] | None:
         _FUSED_STATE.update(enabled=False, error=f"no triton: {exc}")
         return None
 
-    @triton.jit(do_not_specialize=["row0", "n_rows", "stride", "width", "rows_per_prog"])
+    @triton.jit(do_not_specialize=["row0", "n_rows", "rows_per_prog"])
     def col_stats(
         v_ptr,
         part_ptr,
@@ -139,7 +139,7 @@ def _kernels() -> dict[str, Any] | None:
         tl.store(out + cols, tl.sum(s1, axis=0))
         tl.store(out + BLOCK_C + cols, tl.sum(s2, axis=0))
 
-    @triton.jit(do_not_specialize=["row0", "stride", "n_prog", "n_tr", "n_feat"])
+    @triton.jit(do_not_specialize=["row0", "n_prog", "n_tr"])
     def finalize(
         part_ptr,
         v_ptr,
@@ -160,22 +160,25 @@ def _kernels() -> dict[str, Any] | None:
         BLOCK_P: tl.constexpr,  # type: ignore[name-defined]
         BLOCK_F: tl.constexpr,  # type: ignore[name-defined]
     ):
-        # one program: the statistics of the model's input columns, op for op the torch path's
-        f = tl.arange(0, BLOCK_F)
+        # one program per BLOCK_F input columns: their statistics, op for op the torch path's;
+        # the partials are added in a fixed order (deterministic)
+        f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm = f < n_feat
         src = tl.load(idx_ptr + f, mask=fm, other=0)
         k = tl.load(v_ptr + row0.to(tl.int64) * stride + src, mask=fm, other=0.0).to(tl.float64)
-        s1 = tl.zeros([BLOCK_F], dtype=tl.float64)
-        s2 = tl.zeros([BLOCK_F], dtype=tl.float64)
+        s1 = tl.zeros([BLOCK_P, BLOCK_F], dtype=tl.float64)
+        s2 = tl.zeros([BLOCK_P, BLOCK_F], dtype=tl.float64)
         for p0 in range(0, n_prog, BLOCK_P):
             ps = p0 + tl.arange(0, BLOCK_P)
             m = (ps < n_prog)[:, None] & fm[None, :]
             at = part_ptr + ps[:, None] * (2 * PART_W) + src[None, :]
-            s1 += tl.sum(tl.load(at, mask=m, other=0.0), axis=0)
-            s2 += tl.sum(tl.load(at + PART_W, mask=m, other=0.0), axis=0)
-        d1 = s1 / n_tr
+            s1 += tl.load(at, mask=m, other=0.0)
+            s2 += tl.load(at + PART_W, mask=m, other=0.0)
+        t1 = tl.sum(s1, axis=0)
+        t2 = tl.sum(s2, axis=0)
+        d1 = t1 / n_tr
         mean = k + d1
-        v = s2 / n_tr - d1 * d1
+        v = t2 / n_tr - d1 * d1
         var = tl.where(v > 0.0, v, 0.0)
         std = tl.sqrt(var)
         std = tl.where(std > std_floor, std, 1.0)
@@ -185,11 +188,11 @@ def _kernels() -> dict[str, Any] | None:
         tl.store(std_ptr + f, std, mask=fm)
         tl.store(scale_ptr + f, inv.to(tl.float32), mask=fm)
         tl.store(shift_ptr + f, (-mean * inv).to(tl.float32), mask=fm)
-        fin = (mean == mean) & (tl.abs(mean) < float("inf")) & (s2 == s2) & (tl.abs(s2) < float("inf"))
+        fin = (mean == mean) & (tl.abs(mean) < float("inf")) & (t2 == t2) & (tl.abs(t2) < float("inf"))
         n_bad = tl.sum((fm & ~fin).to(tl.int32), axis=0)
         tl.atomic_add(chk_ptr, n_bad, mask=n_bad > 0)
 
-    @triton.jit(do_not_specialize=["row0", "n_rows", "stride", "n_feat"])
+    @triton.jit(do_not_specialize=["row0", "n_out"])
     def normalise(
         v_ptr,
         idx_ptr,
@@ -198,29 +201,27 @@ def _kernels() -> dict[str, Any] | None:
         out_ptr,
         chk_ptr,
         row0,
-        n_rows,
+        n_out,
         stride,
         n_feat,
         clip,
-        BLOCK_R: tl.constexpr,  # type: ignore[name-defined]
-        BLOCK_F: tl.constexpr,  # type: ignore[name-defined]
+        BLOCK: tl.constexpr,  # type: ignore[name-defined]
     ):
-        # one program per BLOCK_R rows of the row-major [n_rows, n_feat] result
+        # one program per BLOCK consecutive outputs of the row-major [m, n_feat] result (no lane
+        # idles on a power-of-two column tile wider than the row)
         pid = tl.program_id(0)
-        rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        f = tl.arange(0, BLOCK_F)
-        fm = f < n_feat
-        m = (rows < n_rows)[:, None] & fm[None, :]
-        src = tl.load(idx_ptr + f, mask=fm, other=0)
-        sc = tl.load(scale_ptr + f, mask=fm, other=0.0)
-        sh = tl.load(shift_ptr + f, mask=fm, other=0.0)
-        x = tl.load(v_ptr + (row0 + rows)[:, None] * stride + src[None, :], mask=m, other=0.0).to(tl.float32)
-        y = x * sc[None, :] + sh[None, :]
+        e = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = e < n_out
+        row = e // n_feat
+        j = (e - row * n_feat).to(tl.int32)
+        src = tl.load(idx_ptr + j, mask=ok, other=0)
+        sc = tl.load(scale_ptr + j, mask=ok, other=0.0)
+        sh = tl.load(shift_ptr + j, mask=ok, other=0.0)
+        x = tl.load(v_ptr + (row0 + row) * stride + src, mask=ok, other=0.0).to(tl.float32)
+        y = x * sc + sh
         y = tl.minimum(tl.maximum(y, -clip), clip)
-        tl.store(out_ptr + rows[:, None] * n_feat + f[None, :], y, mask=m)
-        n_bad = tl.sum(
-            tl.sum((m & ((x != x) | (tl.abs(x) > 3.4028234663852886e38))).to(tl.int32), axis=1), axis=0
-        )
+        tl.store(out_ptr + e, y, mask=ok)
+        n_bad = tl.sum((ok & ((x != x) | (tl.abs(x) > 3.4028234663852886e38))).to(tl.int32), axis=0)
         tl.atomic_add(chk_ptr + 1, n_bad, mask=n_bad > 0)
 
     @triton.jit(do_not_specialize=["cs", "n", "n_tr", "lag", "h_max"])
@@ -289,7 +290,17 @@ def _kernels() -> dict[str, Any] | None:
     return _KERNELS
 
 
-_STATS_ROWS, _NORM_ROWS, _LABEL_BLOCK, _PART_BLOCK = 32, 32, 1024, 64
+# launch shapes (tuned on the H200 by benchmarks/bench_gpu_kernels.py)
+TUNING: dict[str, int] = {
+    "stats_rows": 16,  # rows per inner step of col_stats
+    "stats_progs_per_sm": 8,  # col_stats programs per multiprocessor
+    "stats_warps": 4,
+    "norm_block": 1024,  # outputs per normalise program
+    "norm_warps": 4,
+    "label_block": 1024,  # rows per fwd_labels program
+    "part_block": 128,  # partials per step of finalize
+    "final_cols": 8,  # input columns per finalize program
+}
 _CONSTS: dict[tuple[str, tuple[float, ...], torch.dtype], torch.Tensor] = {}
 _SMS: dict[str, int] = {}
 
@@ -340,26 +351,28 @@ def _fused_normalise(
         dev = values.device
         width, stride, f = int(values.shape[1]), int(values.stride(0)), int(col_idx.numel())
         block_c = ker["next_pow2"](width)
-        block_f = ker["next_pow2"](f)
-        n_prog = min(4 * _sm_count(dev), max(1, math.ceil(n_tr / _STATS_ROWS)))
-        rows_per_prog = math.ceil(math.ceil(n_tr / n_prog) / _STATS_ROWS) * _STATS_ROWS
+        sr = TUNING["stats_rows"]
+        n_prog = min(TUNING["stats_progs_per_sm"] * _sm_count(dev), max(1, math.ceil(n_tr / sr)))
+        rows_per_prog = math.ceil(math.ceil(n_tr / n_prog) / sr) * sr
         n_prog = math.ceil(n_tr / rows_per_prog)
         part = torch.empty((n_prog, 2, block_c), dtype=torch.float64, device=dev)
         ker["col_stats"][(n_prog,)](
             values, part, ts0, n_tr, stride, width, rows_per_prog,
-            BLOCK_R=_STATS_ROWS, BLOCK_C=block_c, num_warps=4,
+            BLOCK_R=sr, BLOCK_C=block_c, num_warps=TUNING["stats_warps"],
         )  # fmt: skip
         stats = torch.empty((3, f), dtype=torch.float64, device=dev)  # mean, var, std
         affine = torch.empty((2, f), dtype=torch.float32, device=dev)  # scale, shift
-        ker["finalize"][(1,)](
+        fc = TUNING["final_cols"]
+        ker["finalize"][(math.ceil(f / fc),)](
             part, values, col_idx, stats[0], stats[1], stats[2], affine[0], affine[1], chk,
             ts0, stride, n_prog, n_tr, f, float(cfg.std_floor),
-            PART_W=block_c, BLOCK_P=_PART_BLOCK, BLOCK_F=block_f, num_warps=4,
+            PART_W=block_c, BLOCK_P=TUNING["part_block"], BLOCK_F=fc, num_warps=4,
         )  # fmt: skip
         x = torch.empty((m, f), dtype=torch.float32, device=dev)
-        ker["normalise"][(math.ceil(m / _NORM_ROWS),)](
-            values, col_idx, affine[0], affine[1], x, chk, ts0, m, stride, f, float(cfg.clip_z),
-            BLOCK_R=_NORM_ROWS, BLOCK_F=block_f, num_warps=4,
+        nb = TUNING["norm_block"]
+        ker["normalise"][(math.ceil(m * f / nb),)](
+            values, col_idx, affine[0], affine[1], x, chk, ts0, m * f, stride, f, float(cfg.clip_z),
+            BLOCK=nb, num_warps=TUNING["norm_warps"],
         )  # fmt: skip
         return x, stats[0], stats[1], stats[2]
     except Exception as exc:
@@ -392,10 +405,10 @@ def _fused_labels(
         out = torch.empty((2, n), dtype=torch.float64, device=close.device)
         hs_t = _const(close.device, hs, torch.int64)
         den = _const(close.device, tuple(math.sqrt(h) for h in hs), torch.float64)
-        ker["fwd_labels"][(math.ceil(n / _LABEL_BLOCK),)](
+        ker["fwd_labels"][(math.ceil(n / TUNING["label_block"]),)](
             logc, close, seg if seg is not None else logc, out[0], out[1], chk, hs_t, den,
             close.stride(0), n, n_tr, lag, h_max,
-            N_H=len(hs), HAS_SEG=seg is not None, BLOCK=_LABEL_BLOCK, num_warps=4,
+            N_H=len(hs), HAS_SEG=seg is not None, BLOCK=TUNING["label_block"], num_warps=4,
         )  # fmt: skip
         return out[0], out[1]
     except Exception as exc:
