@@ -292,10 +292,10 @@ def _kernels() -> dict[str, Any] | None:
 
 # launch shapes (tuned on the H200 by benchmarks/bench_gpu_kernels.py)
 TUNING: dict[str, int] = {
-    "stats_rows": 16,  # rows per inner step of col_stats
+    "stats_rows": 8,  # rows per inner step of col_stats
     "stats_progs_per_sm": 8,  # col_stats programs per multiprocessor
     "stats_warps": 4,
-    "norm_block": 1024,  # outputs per normalise program
+    "norm_block": 512,  # outputs per normalise program
     "norm_warps": 4,
     "label_block": 1024,  # rows per fwd_labels program
     "part_block": 128,  # partials per step of finalize
