@@ -136,14 +136,26 @@ def machine() -> dict[str, Any]:
 
 
 def git_commit() -> str:
-    """The fx_assets commit the benchmark ran on (``+dirty`` when tracked files differ)."""
+    """The fx_assets commit the benchmark ran on (``+dirty`` when tracked code differs)."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # Result files and the READMEs generated from them do not make the code dirty.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!benchmarks/results",
+                ":!benchmarks/plots",
+                ":!benchmarks/README.md",
+                ":!README.md",
+            ],
+            cwd=ROOT.parent,
             capture_output=True,
             text=True,
             check=True,
