@@ -49,6 +49,7 @@ import numpy as np
 
 from benchmarks.common import (
     DATA,
+    QUICK_MARKET,
     ROOT,
     alternate,
     command_line,
@@ -70,7 +71,6 @@ EXTRA: dict[str, list[str]] = {"mlfinpy": ["scikit-learn==1.5.2"]}
 VENVS = ROOT / ".venvs"
 SCALE1_SHARED = Path("/work/main/benchmarks/data/scaleout_scale1")
 SCALE1_OWN = ("es_s1_1q", market_config(["2024-Q3"], scale=1.0, book_ratio=0.1))
-QUICK_MARKET = ("es_quick_1q", market_config(["2024-Q1"], scale=0.05, book_ratio=0.1))
 
 VOLUME_BAR = 100
 CUSUM_THRESHOLD = 0.001  # log-price units: ~ 5 ES ticks at 5000

@@ -284,6 +284,8 @@ QUARTERS_9 = [f"{y}-Q{q}" for y in (2022, 2023) for q in (1, 2, 3, 4)] + ["2024-
 MAIN_MARKET = ("es_s1_9q", market_config(QUARTERS_9, scale=1.0, book_ratio=0.1))
 HEAVY_MARKET = ("es_s1_book2.5", market_config(["2024-Q1"], scale=1.0, book_ratio=2.5))
 TINY_MARKET = ("es_tiny_2q", market_config(["2023-Q4", "2024-Q1"], scale=0.01, book_ratio=0.1))
+# The market of `make bench-quick` (~1 M trades; generated in a few seconds, then reused).
+QUICK_MARKET = ("es_quick_1q", market_config(["2024-Q1"], scale=0.05, book_ratio=0.1))
 LAST_QUARTER = "2024-Q1"
 
 

@@ -476,6 +476,7 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_decode": None,
     "bench_features": None,
     "bench_integrity": None,
+    "bench_integrity_quick": None,
     "scaleout": render_scaleout,
 }
 
