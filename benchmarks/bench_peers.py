@@ -17,7 +17,9 @@ or ``bench_peers_quick.json``):
   session and one instrument (finmlkit knows neither, so no forced closes on either side);
 - CUSUM filter, constant threshold, vs ``finmlkit.sampling.filters.cusum_filter`` on the trade
   prices and on the volume bars' closes (what the bar features run it on); fx_assets: the log
-  returns (numpy) + the CUSUM kernel of the bar features;
+  returns (numpy) + the CUSUM kernel of the bar features, which writes three feature columns
+  (event flag, direction of the last event, bars since it) where finmlkit returns the event
+  indices only, and runs on one thread where finmlkit's log returns use ``prange``;
 - EMA tick / volume imbalance bars vs mlfinpy on the first ``mlfinpy_trades`` trades (mlfinpy is a
   Python loop per trade), extrapolated per trade to the whole quarter; fx_assets with the tick
   rule (sign 0) like mlfinpy. The two differ in details (fx_assets: EWMA of E0[T] with a floor and
