@@ -85,7 +85,7 @@ IMB = {
 }
 
 MODES: dict[str, dict[str, Any]] = {
-    "full": {"rounds": 5, "mlfinpy_trades": 200_000, "decode_rounds": 3},
+    "full": {"rounds": 5, "mlfinpy_trades": 200_000, "decode_rounds": 5},
     "quick": {"rounds": 3, "mlfinpy_trades": 30_000, "decode_rounds": 3},
 }
 
