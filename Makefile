@@ -65,8 +65,9 @@ typecheck: install
 # bench_peers get their own venvs (benchmarks/.venvs/, created by the benchmark from PyPI).
 bench-setup: $(VENV)/.bench-installed
 
-$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml benchmarks/bench_peers.py
 	$(PIP) install -q -e '.[dev,bench]'
+	$(PY) -m benchmarks.bench_peers --setup
 	touch $@
 
 bench: install bench-setup

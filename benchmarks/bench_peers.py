@@ -651,7 +651,12 @@ def run(quick: bool = False) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a scale-0.05 quarter, fewer rounds")
+    ap.add_argument("--setup", action="store_true", help="only create the peers' venvs (make bench-setup)")
     args = ap.parse_args(argv)
+    if args.setup:
+        for peer in PEERS:
+            print(f"{peer} {ensure_peer(peer)}: {venv_python(peer)}")
+        return 0
     res = run(quick=args.quick)
     for t in res["targets"]:
         verdict = "skip" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
