@@ -523,6 +523,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     load_before = load_average()
     peer_versions = {peer: ensure_peer(peer) for peer in PEERS}
+    vers = versions(peer_versions)  # the commit the run starts on (not one made while it runs)
     root, quarter = market_root(mode)
     raw = raw_file(root, "trades", quarter)
     work = DATA / "peers" / mode
@@ -636,7 +637,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             "imbalance": IMB,
             "peer_venvs": {p: str(VENVS / p) for p in PEERS},
         },
-        "versions": versions(peer_versions),
+        "versions": vers,
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "wall_seconds": round(time.perf_counter() - t0, 1),
