@@ -7,8 +7,10 @@ A README holds generated sections between ``<!-- BEGIN GENERATED: name -->`` and
 ``name`` rendered from the result files, everything outside them is left alone. Known files get
 their own tables (``bench_peers``); every other result file is rendered generically (its
 targets with value, bound and pass/fail, or its top-level figures when it has no targets), so a
-new benchmark module shows up without a change here. A section whose result file is missing says
-"not run". Plots (PNG, matplotlib: the optional ``bench`` extra) go to ``benchmarks/plots/``; the
+new benchmark module shows up without a change here; any ``{"stages": {stage: seconds}}`` under a
+file's ``figures`` adds a per-stage table and a stacked bar picture. A section whose result file
+is missing says "not run". Plots (PNG, matplotlib: the optional ``bench`` extra) go to
+``benchmarks/plots/``; the
 README text does not depend on whether they could be drawn, so the up-to-date check
 (``fx_assets_tests/test_bench_report.py``) runs without matplotlib.
 """
@@ -204,7 +206,97 @@ def render_generic(name: str, res: dict[str, Any] | None) -> str:
             if len(items) > len(shown):
                 lines.append("")
                 lines.append(f"… and {len(items) - len(shown)} more figures in the file.")
+    stages = render_stages(name, res)
+    if stages:
+        lines += ["", stages]
     return "\n".join(lines)
+
+
+# --- per-stage breakdowns (any result file) ---------------------------------------------------
+
+STAGE_GROUPS_MAX = 6
+
+
+def _seconds(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, dict) and isinstance(v.get("median"), (int, float)):
+        return float(v["median"])
+    return None
+
+
+def stage_groups(res: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """Every ``{"stages": {stage: seconds}}`` under ``figures`` (depth <= 3), labelled by its path;
+    a stage given as {min, median, max, rounds} counts with its median."""
+    out: list[tuple[str, dict[str, float]]] = []
+
+    def walk(d: Any, path: str, depth: int) -> None:
+        if not isinstance(d, dict) or depth > 3:
+            return
+        st = d.get("stages")
+        if isinstance(st, dict):
+            vals = {str(k): _seconds(v) for k, v in st.items()}
+            clean = {k: v for k, v in vals.items() if v is not None}
+            if clean:
+                out.append((path or "stages", clean))
+        for k, v in d.items():
+            if k != "stages":
+                walk(v, f"{path}.{k}" if path else str(k), depth + 1)
+
+    figs = res.get("figures")
+    walk(figs if isinstance(figs, dict) else {}, "", 0)
+    return out[:STAGE_GROUPS_MAX]
+
+
+def render_stages(name: str, res: dict[str, Any]) -> str:
+    groups = stage_groups(res)
+    if not groups:
+        return ""
+    stages: list[str] = []
+    for _, st in groups:
+        stages += [k for k in st if k not in stages]
+    rows = [[s] + [fmt(st.get(s)) for _, st in groups] for s in stages]
+    rows.append(["**total**"] + [f"**{fmt(sum(st.values()))}**" for _, st in groups])
+    return (
+        "Per-stage seconds:\n\n"
+        + table(["stage"] + [f"`{label}`" for label, _ in groups], rows)
+        + f"\n\n![{name}: per-stage seconds](plots/{name}_stages.png)"
+    )
+
+
+def plot_stages(name: str, res: dict[str, Any], out_dir: Path) -> Path | None:
+    """Stacked horizontal bars of the per-stage seconds. None without matplotlib or stages."""
+    groups = stage_groups(res)
+    if not groups:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    stages: list[str] = []
+    for _, st in groups:
+        stages += [k for k in st if k not in stages]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(groups) + 1.8))
+    left = [0.0] * len(groups)
+    cmap = plt.get_cmap("tab20")
+    for i, s in enumerate(stages):
+        vals = [st.get(s, 0.0) for _, st in groups]
+        ax.barh(range(len(groups)), vals, left=left, color=cmap(i % 20), label=s)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_yticks(range(len(groups)), [label for label, _ in groups], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (wall)")
+    ax.set_title(f"{name}: per-stage seconds ({res.get('when', '')})", fontsize=9)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}_stages.png"
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return path
 
 
 # --- bench_peers ------------------------------------------------------------------------------
@@ -596,11 +688,17 @@ def regenerate(text: str, results: Results) -> str:
 
 def write_plots(results: Results, out_dir: Path = PLOTS) -> list[Path]:
     made = []
-    for name, renderer in KNOWN.items():
-        if renderer is render_peers and name in results and "_error" not in results[name]:
-            p = plot_peers(name, results[name], out_dir)
-            if p is not None:
-                made.append(p)
+    for name, res in results.items():
+        if "_error" in res:
+            continue
+        try:
+            plots = [plot_stages(name, res, out_dir)]
+            if KNOWN.get(name) is render_peers:
+                plots.append(plot_peers(name, res, out_dir))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            print(f"plot of {name} skipped: {type(exc).__name__} {exc}", file=sys.stderr)
+            continue
+        made += [p for p in plots if p is not None]
     return made
 
 

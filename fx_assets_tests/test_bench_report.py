@@ -73,7 +73,16 @@ def _fake_results(d: Path) -> None:
         "command": "python3 -m benchmarks.bench_beta",
         "targets": {"beta_GBps": {"value": 55.5, "target": ">= 50.0", "pass": True}},
     }
-    gamma = {"benchmark": "gamma", "figures": {"run_seconds": 19.65, "nested": {"bytes": 613325109}}}
+    gamma = {
+        "benchmark": "gamma",
+        "figures": {
+            "run_seconds": 19.65,
+            "nested": {"bytes": 613325109},
+            "cold": {
+                "stages": {"decode": 1.5, "bars": {"min": 0.25, "median": 0.5, "max": 0.75, "rounds": 3}}
+            },
+        },
+    }
     (d / "bench_alpha.json").write_text(json.dumps(alpha))
     (d / "bench_beta.json").write_text(json.dumps(beta))
     (d / "gamma.json").write_text(json.dumps(gamma))
@@ -108,6 +117,9 @@ def test_sections_are_regenerated_from_the_result_files(tmp_path: Path) -> None:
     assert "| beta_GBps | 55.5 | >= 50.0 | **pass** |" in other
     assert "| `run_seconds` | 19.65 |" in other and "| `nested.bytes` | 613,325,109 |" in other
     assert "`results/broken.json`: unreadable" in other
+    # A per-stage breakdown anywhere under figures gets a table (medians of rounds) and a picture.
+    assert "| decode | 1.5 |" in other and "| bars | 0.5 |" in other and "| **total** | **2** |" in other
+    assert "![gamma: per-stage seconds](plots/gamma_stages.png)" in other
     # Regenerating again changes nothing; --check agrees.
     assert report.main(["--results", str(tmp_path / "results"), "--readme", str(readme), "--check"]) == 0
     # A figure changed in a result file makes the README stale until the report runs again.
@@ -147,3 +159,11 @@ def test_committed_readme_is_what_the_committed_results_give(readme: Path) -> No
         f"{readme.relative_to(REPO)} differs from the result files: run `python -m benchmarks.report` "
         "(figures between the GENERATED markers are never edited by hand)"
     )
+
+
+def test_plots_are_drawn_from_the_result_files(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    _fake_results(tmp_path / "results")
+    made = report.write_plots(report.load_results(tmp_path / "results"), tmp_path / "plots")
+    assert made == [tmp_path / "plots" / "gamma_stages.png"]
+    assert made[0].read_bytes().startswith(b"\x89PNG")
