@@ -523,7 +523,7 @@ def render_scaleout(name: str, res: dict[str, Any] | None) -> str:
         [
             f"one `--scale {fmt(q['market']['scale'])}` quarter ({fmt(rep['n_trades'])} trades, "
             f"{fmt(rep['n_book_records'])} MBP-10 records) from `.dbn.zst` through one `build_features` run "
-            f"({q.get('executor', '?')}; {fmt(q.get('materializations'))} stages and their checks, fresh process)",
+            f"(executor: {q.get('executor', '?')}; {fmt(q.get('materializations'))} stages and their checks, fresh process)",
             f"{fmt(q['run_seconds'])} s run, {fmt(q['process_wall_seconds'])} s process wall",
         ],
         [
