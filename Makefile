@@ -12,7 +12,7 @@ export DAGSTER_HOME := $(CURDIR)
 # fixed end (it grows with the raw data); the demo itself synthesises and builds 2024-Q1..Q4.
 DEMO_ENV := FX_DATA_ROOT=$(CURDIR)/data FX_SYMBOLS=ES.FUT FX_FIRST_QUARTER=2024-Q1
 
-.PHONY: install instance demo test test-slow test-all test-e2e ui bench lint typecheck validate clean
+.PHONY: install instance demo test test-slow test-all test-e2e ui bench bench-quick bench-report bench-setup lint typecheck validate clean
 
 install: $(VENV)/.installed
 
@@ -60,8 +60,27 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-bench: install
+# Benchmarks: results in benchmarks/results/*.json, then the tables and plots of
+# benchmarks/README.md (and the main README's excerpt) regenerated from them. The peers of
+# bench_peers get their own venvs (benchmarks/.venvs/, created by the benchmark from PyPI).
+bench-setup: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml benchmarks/bench_peers.py
+	$(PIP) install -q -e '.[dev,bench]'
+	$(PY) -m benchmarks.bench_peers --setup
+	touch $@
+
+bench: install bench-setup
 	$(PY) -m benchmarks.run_all
+	$(PY) -m benchmarks.report
+
+# The modules with a quick mode, on a small market generated once (< 3 minutes).
+bench-quick: install bench-setup
+	$(PY) -m benchmarks.run_all --quick
+	$(PY) -m benchmarks.report
+
+bench-report:
+	$(PY) -m benchmarks.report
 
 clean:
 	rm -rf data .dagster_home benchmarks/data

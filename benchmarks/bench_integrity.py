@@ -16,6 +16,7 @@ Stage tables: ``write_table`` with and without checksums and ``verify_table`` fo
 Target: hashing the raw file < 10 % of its decode time. Usage:
 ``python -m benchmarks.bench_integrity [--root DIR]`` (DIR: a ``fx-assets synth`` output with
 one quarter; default: the last quarter of the benchmarks' scale-1 market, benchmarks/data).
+``--quick`` (``make bench-quick``): the small quick market, result ``bench_integrity_quick``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from benchmarks.common import (
     DATA,
     LAST_QUARTER,
     MAIN_MARKET,
+    QUICK_MARKET,
     command_line,
     ensure_market,
     load_average,
@@ -141,10 +143,13 @@ def _table_figures(work: Path) -> dict[str, Any]:
     return out
 
 
-def run(root: Path | None) -> dict[str, Any]:
+def run(root: Path | None = None, quick: bool = False) -> dict[str, Any]:
     t_start = time.perf_counter()
     load_before = load_average()
-    if root is None:
+    if root is None and quick:
+        root = ensure_market(*QUICK_MARKET)
+        sources = {s: raw_file(root, s, QUICK_MARKET[1]["quarters"][0]) for s in ("trades", "mbp-10")}
+    elif root is None:
         base = ensure_market(*MAIN_MARKET)
         sources = {s: raw_file(base, s, LAST_QUARTER) for s in ("trades", "mbp-10")}
         root = base
@@ -169,6 +174,7 @@ def run(root: Path | None) -> dict[str, Any]:
         for schema in sources
     ]
     payload = {
+        "mode": "quick" if quick else "full",
         "command": command_line(),
         "config": {
             "root": str(root),
@@ -183,14 +189,16 @@ def run(root: Path | None) -> dict[str, Any]:
         "figures": figures,
         "targets": targets,
     }
-    write_result("bench_integrity", payload)
+    write_result("bench_integrity_quick" if quick else "bench_integrity", payload)
     return payload
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=None)
-    out = run(ap.parse_args().root)
+    ap.add_argument("--quick", action="store_true", help="the small quick market (make bench-quick)")
+    args = ap.parse_args()
+    out = run(args.root, quick=args.quick)
     for t in out["targets"]:
         print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['name']}: {t['value']}  ({t['note']})")
 

@@ -4,6 +4,12 @@ Peak memory is reported two ways: ``peak_rss_mib`` (the kernel's high-water mark
 also counts file pages the process mapped, e.g. a memory-mapped sidecar being written or read)
 and ``peak_anon_mib`` (private memory only, sampled every 5 ms), which is what a chunked decoder
 must keep bounded.
+
+Every result file gets ``machine`` (CPU model, cores, memory), ``versions`` (python, numpy,
+numba, pyarrow, the fx_assets git commit, plus whatever peers a benchmark adds) and the load
+average before (when this module was imported, unless the benchmark records its own) and after
+(when the file is written). Timings over repeated rounds are summarised by ``rounds_summary``
+as {min, median, max, rounds}; ``alternate`` runs competing callables A B A B in one process.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -95,12 +103,26 @@ def _mem_total_gib() -> float:
     return 0.0
 
 
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (``platform.processor()`` is often empty)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
     import numba
     import numpy
     import pyarrow
 
     return {
+        "cpu_model": cpu_model(),
+        "cores_usable": len(os.sched_getaffinity(0)),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
@@ -113,7 +135,61 @@ def machine() -> dict[str, Any]:
     }
 
 
+def git_commit() -> str:
+    """The fx_assets commit the benchmark ran on (``+dirty`` when tracked code differs)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        # Result files and the READMEs generated from them do not make the code dirty.
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!benchmarks/results",
+                ":!benchmarks/plots",
+                ":!benchmarks/README.md",
+                ":!README.md",
+            ],
+            cwd=ROOT.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def versions(peers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Versions that explain a figure: interpreter, array stack, the fx_assets commit and, under
+    ``peers``, the peer libraries a benchmark compared against (name -> version)."""
+    import numba
+    import numpy
+    import pyarrow
+
+    return {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "numba": numba.__version__,
+        "pyarrow": pyarrow.__version__,
+        "fx_assets_commit": git_commit(),
+        "peers": dict(peers or {}),
+    }
+
+
+# The load average when the benchmark process started (a fallback "before" for benchmarks that
+# do not record their own).
+LOAD_AT_IMPORT = os.getloadavg()
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``results/<name>.json``: ``payload`` plus benchmark name, time, machine, versions
+    and load average before/after (each kept if ``payload`` already has it)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
@@ -121,6 +197,9 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
         "machine": machine(),
         **payload,
     }
+    payload.setdefault("versions", versions())
+    payload.setdefault("load_average_before", [round(x, 2) for x in LOAD_AT_IMPORT])
+    payload.setdefault("load_average_after", load_average())
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return path
@@ -205,6 +284,8 @@ QUARTERS_9 = [f"{y}-Q{q}" for y in (2022, 2023) for q in (1, 2, 3, 4)] + ["2024-
 MAIN_MARKET = ("es_s1_9q", market_config(QUARTERS_9, scale=1.0, book_ratio=0.1))
 HEAVY_MARKET = ("es_s1_book2.5", market_config(["2024-Q1"], scale=1.0, book_ratio=2.5))
 TINY_MARKET = ("es_tiny_2q", market_config(["2023-Q4", "2024-Q1"], scale=0.01, book_ratio=0.1))
+# The market of `make bench-quick` (~1 M trades; generated in a few seconds, then reused).
+QUICK_MARKET = ("es_quick_1q", market_config(["2024-Q1"], scale=0.05, book_ratio=0.1))
 LAST_QUARTER = "2024-Q1"
 
 
@@ -224,3 +305,55 @@ def target(
 def command_line() -> str:
     """The command this process was started with (``python -m benchmarks.run_all`` ...)."""
     return " ".join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+
+
+# ----------------------------------------------------------------------------------------------
+# repeated rounds
+
+
+def rounds_summary(samples: list[float] | tuple[float, ...], digits: int = 6) -> dict[str, Any]:
+    """{min, median, max, rounds} of repeated measurements (seconds or any timing figure)."""
+    vals = [float(x) for x in samples]
+    if not vals:
+        raise ValueError("rounds_summary needs at least one sample")
+    return {
+        "min": round(min(vals), digits),
+        "median": round(statistics.median(vals), digits),
+        "max": round(max(vals), digits),
+        "rounds": len(vals),
+    }
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all threads)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def timed(fn: Callable[[], Any]) -> tuple[dict[str, float], Any]:
+    """Call ``fn`` once: ({wall_s, cpu_s}, its return value)."""
+    c0 = cpu_seconds()
+    t0 = time.perf_counter()
+    out = fn()
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "cpu_s": cpu_seconds() - c0}, out
+
+
+def alternate(
+    fns: dict[str, Callable[[], dict[str, float]]], rounds: int, warmup: int = 1
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Run competing measurements A B A B ... in one process so that drifting machine load hits
+    each alike. Each callable does one round and returns its figures ({"wall_s": .., "cpu_s":
+    ..}, any names); ``warmup`` untimed rounds each first (numba compiles, page cache). Returns
+    name -> figure -> ``rounds_summary``."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for key, val in fn().items():
+                samples[name].setdefault(key, []).append(val)
+    return {name: {k: rounds_summary(v) for k, v in figs.items()} for name, figs in samples.items()}

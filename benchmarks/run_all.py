@@ -1,20 +1,30 @@
-"""Run every benchmark (``make bench``): decode, then features; print a summary table.
+"""Run the CPU benchmarks (``make bench``; ``make bench-quick`` = ``--quick``) and print a summary
+table; ``make`` then regenerates the README tables (``python -m benchmarks.report``).
 
-Each measurement runs in its own process (see ``benchmarks.common.in_subprocess``) so peak
-memory is per measurement. Results: ``benchmarks/results/bench_decode.json``,
-``bench_features.json`` and ``bench_integrity.json``. The benchmark data (synthetic markets, sidecars) is generated under
-``benchmarks/data/`` on the first run and reused afterwards. Not part of the test suite.
+``MODULES`` lists the benchmark modules in the order they run (a module that is not there is
+skipped with a note, so the list can name modules still being written). Full mode calls each
+module's ``run()``; quick mode calls ``run(quick=True)`` of the modules whose ``run`` takes
+``quick`` (they write ``<name>_quick.json`` on a small market, so a quick run never replaces
+the full figures) and skips the others. Each measurement inside a module runs where that
+module says (its own processes for peak memory, A B A B alternation for comparisons). The
+benchmark data (synthetic markets, sidecars) is generated under ``benchmarks/data/`` on the
+first run and reused afterwards. GPU benchmarks (``bench_gpu*``) run on the lent GPU host,
+not here. Not part of the test suite.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import inspect
 import os
 import sys
 import time
 from typing import Any
 
-from benchmarks import bench_decode, bench_features, bench_integrity
 from benchmarks.common import load_average
+
+MODULES = ["bench_decode", "bench_features", "bench_integrity", "bench_indicators", "bench_peers"]
 
 
 def _fmt(v: Any) -> str:
@@ -25,10 +35,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    t = res.get("targets", [])
+    if isinstance(t, dict):
+        return [{"name": k, **v} for k, v in t.items()]
+    return list(t)
+
+
 def summary(results: dict[str, dict[str, Any]]) -> str:
     rows = [("benchmark", "target", "value", "bound", "result")]
     for name, res in results.items():
-        for t in res["targets"]:
+        for t in _targets(res):
             verdict = "skip" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
             rows.append((name, t["name"], _fmt(t["value"]), t["target"], verdict))
     widths = [min(max(len(r[i]) for r in rows), 100) for i in range(5)]
@@ -37,18 +54,52 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def call_run(mod: Any, quick: bool) -> dict[str, Any] | None:
+    """``mod.run`` the way it accepts: ``quick`` where it takes one (None: no quick mode),
+    required positional parameters (e.g. ``bench_integrity.run(root)``) as None = defaults."""
+    params = inspect.signature(mod.run).parameters
+    if quick and "quick" not in params:
+        return None
+    kwargs: dict[str, Any] = {"quick": quick} if "quick" in params else {}
+    for name, p in params.items():
+        if name != "quick" and p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD:
+            kwargs[name] = None
+    out: dict[str, Any] = mod.run(**kwargs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Run the CPU benchmarks.")
+    ap.add_argument("--quick", action="store_true", help="the modules with a quick mode, small market")
+    ap.add_argument("--only", default="", help="comma list of modules (default: all of MODULES)")
+    args = ap.parse_args(argv)
     t0 = time.perf_counter()
     print(f"load average at start: {load_average()}", file=sys.stderr, flush=True)
-    results = {"bench_decode": bench_decode.run()}
-    # The decode benchmark writes ~20 GB (the book-heavy sidecar); flush it before timing the
-    # feature stages, whose own file writes would otherwise wait behind that writeback.
-    os.sync()
-    results["bench_features"] = bench_features.run()
-    results["bench_integrity"] = bench_integrity.run(None)
+    results: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for name in [m for m in args.only.split(",") if m] or MODULES:
+        try:
+            mod = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"benchmarks.{name}":
+                raise
+            skipped.append(f"{name} (not present)")
+            continue
+        print(f"== {name}", file=sys.stderr, flush=True)
+        res = call_run(mod, args.quick)
+        if res is None:
+            skipped.append(f"{name} (no quick mode)")
+            continue
+        results[name] = res
+        if name == "bench_decode":
+            # The decode benchmark writes ~20 GB (the book-heavy sidecar); flush it before the
+            # next benchmark's file writes would wait behind that writeback.
+            os.sync()
     print(summary(results))
+    if skipped:
+        print("\nskipped: " + ", ".join(skipped))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; load average at end: {load_average()}")
-    print("results: benchmarks/results/bench_{decode,features,integrity}.json")
+    print("results: benchmarks/results/*.json; tables: python -m benchmarks.report")
     return 0
 
 
