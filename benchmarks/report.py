@@ -135,7 +135,7 @@ def _machine(res: dict[str, Any]) -> str:
 
 def _commit(res: dict[str, Any]) -> str:
     v = res.get("versions")
-    c = v.get("fx_assets_commit") if isinstance(v, dict) else None
+    c = v.get("fx_assets_commit") if isinstance(v, dict) else res.get("commit")
     return f"`{c[:10]}{'+dirty' if c.endswith('+dirty') else ''}`" if isinstance(c, str) else "–"
 
 
@@ -557,6 +557,54 @@ def render_scaleout(name: str, res: dict[str, Any] | None) -> str:
     return provenance(name, res) + "\n\n" + table(["what", "measured"], rows)
 
 
+def render_gpu_dagster(name: str, res: dict[str, Any] | None) -> str:
+    """``bench_gpu_dagster``: per train_models run, what its fold reports (quality after costs,
+    the leak detector's AUC z against its block-permutation null, and the fold switch time the
+    asset measures)."""
+    if res is None:
+        return f"`results/{name}.json`: not run."
+    rows = []
+    for run in res["train_runs"]:
+        for f in run.get("folds", []):
+            rows.append(
+                [
+                    str(f.get("trainer", run.get("trainer", "?"))),
+                    str(run.get("seed", "?")),
+                    str(f.get("fold", "?")),
+                    fmt(f.get("auc")),
+                    fmt(f.get("auc_null_z")),
+                    fmt(f.get("gross_sharpe")),
+                    fmt(f.get("net_sharpe")),
+                    fmt(f.get("turnover")),
+                    fmt(f.get("fold_transition_ms")),
+                    fmt(f.get("kernel_warmup_ms")),
+                ]
+            )
+    head = (
+        f"{provenance(name, res)} Market: **{res.get('market', 'signal')}**, scale {res.get('scale')}, "
+        f"quarters {res.get('quarters')}, {res.get('train_quarters')} training quarters, {res.get('gpu', '?')}."
+    )
+    return (
+        head
+        + "\n\n"
+        + table(
+            [
+                "trainer",
+                "seed",
+                "fold",
+                "AUC",
+                "AUC null z",
+                "gross Sharpe",
+                "net Sharpe",
+                "turnover",
+                "fold switch ms (view + transition)",
+                "kernel warm-up ms",
+            ],
+            rows,
+        )
+    )
+
+
 # --- sections ---------------------------------------------------------------------------------
 
 # Result files with their own section in benchmarks/README.md (renderer; None = generic). Every
@@ -570,6 +618,11 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_integrity": None,
     "bench_integrity_quick": None,
     "scaleout": render_scaleout,
+    "gpu_h200": None,
+    "gpu_h200_asset_path": None,
+    "gpu_h200_kernels": None,
+    "gpu_h200_dagster_signal": render_gpu_dagster,
+    "gpu_h200_dagster_null": render_gpu_dagster,
 }
 
 
