@@ -1,0 +1,246 @@
+"""Event-time labels of the snapshot row unit: the mid move K book updates ahead.
+
+Owns the label definitions of reference/snapshot.md §1 for rows that are MBP-10 updates (not
+bars). Like the bar labels (``core.labels``) they look ahead, so they are never stored: the
+trainer derives them on the device from the fold's exact float64 mid column. Row ``n`` is one
+update; a horizon ``h`` counts rows (updates), never seconds.
+
+Forms (``p`` = mid, means over rows; ``back`` = how many rows up to ``n`` the label reads):
+
+- ``unsmoothed`` (default): ``(p[n+h] - p[n]) / p[n]`` (back 1);
+- ``fi`` (FI-2010 / LOBCAST): ``(mean p[n+1..n+h] - p[n]) / p[n]`` (back 1);
+- ``deeplob`` (its Eq. 4): ``(mean p[n+1..n+h] - mean p[n-h+1..n]) / mean p[n-h+1..n]`` (back h);
+- ``tlob``: ``(m(n+h) - m(n)) / m(n)`` with ``m(i) = mean p[i-w+1..i]``, ``w = min(smooth, h)``
+  (back w): a fixed smoothing window, so the label's lead is exactly h rows at every horizon.
+
+Exactness: the mid lives on the half-tick grid, so it is taken as int64 half-ticks (checked:
+a mid off the grid is an error naming the row), window sums are int64 prefix-sum differences
+(exact; float32 prefix sums flip most labels, snapshot.md §4.1), and only the final ratio is
+float64. A label is undefined (NaN) where its rows ``[n-back+1, n+h]`` leave the slice or span
+a *break*: a change of the running break count (contract rolls and session boundaries).
+
+Classes: up (+1) if the change is > alpha, down (-1) if < -alpha, stationary (0) otherwise.
+``alpha`` per horizon is 0 ("any move") or the ``stationary_share`` quantile of |change| over the
+defined **training** rows only (fitted per fold, never on validation). Zero moves are handled
+explicitly: ``zero="three_class"`` keeps the stationary class; ``zero="exclude"`` leaves those
+rows out of training and AUC (class NaN) and reports their share.
+
+The purge between training and validation must cover every label's reach, ``label_reach(cfg)``
+= max over horizons of ``h + back`` rows (reference: h + 1 unsmoothed, 2h DeepLOB, h + w TLOB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from pydantic import Field, field_validator
+
+from fx_assets.core.configmodel import ConfigModel
+from fx_assets.core.errors import FxDataError
+
+LabelForm = Literal["unsmoothed", "fi", "deeplob", "tlob"]
+GRID_TOLERANCE = 1e-6  # |2 p / tick - round(2 p / tick)| allowed, in half-ticks
+
+
+class SnapshotLabelConfig(ConfigModel):
+    """Labels of snapshot rows (see the module docstring)."""
+
+    horizons: list[int] = Field(
+        default_factory=lambda: [10, 20, 50, 100, 500],
+        description="Horizons in rows (book updates) ahead; distinct, >= 1.",
+    )
+    form: LabelForm = Field(default="unsmoothed", description="Label form: unsmoothed, fi, deeplob or tlob.")
+    smooth: int = Field(default=10, ge=1, description="TLOB smoothing window w in rows (w = min(w, h)).")
+    stationary_share: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Dead band: alpha = this quantile of |change| on the training rows (None: alpha 0).",
+    )
+    zero: Literal["exclude", "three_class"] = Field(
+        default="exclude",
+        description="Stationary rows (|change| <= alpha): left out (binary up/down) or a third class.",
+    )
+
+    @field_validator("horizons")
+    @classmethod
+    def _distinct_positive(cls, v: list[int]) -> list[int]:
+        if not v or any(h < 1 for h in v) or len(set(v)) != len(v):
+            raise ValueError(f"horizons must be distinct positive row counts, got {v}")
+        return v
+
+
+def back_rows(form: LabelForm, h: int, smooth: int) -> int:
+    """Rows up to and including ``n`` that the label of row ``n`` at horizon ``h`` reads."""
+    if form in ("unsmoothed", "fi"):
+        return 1
+    if form == "deeplob":
+        return h
+    return min(smooth, h)
+
+
+def label_reach(cfg: SnapshotLabelConfig) -> int:
+    """The purge every fold needs: the most rows any label's window spans (``h + back``)."""
+    return max(h + back_rows(cfg.form, h, cfg.smooth) for h in cfg.horizons)
+
+
+def running_breaks(*ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Running count of breaks (a change of any of ``ids``, e.g. session day and contract) per
+    row, 0 at row 0: a window ``[a, b]`` spans a break iff the counts at a and b differ."""
+    cols = [np.asarray(x) for x in ids]
+    if not cols:
+        raise FxDataError("running_breaks: no id columns")
+    n = cols[0].shape[0]
+    if any(c.ndim != 1 or c.shape[0] != n for c in cols):
+        raise FxDataError(f"running_breaks: id columns of shapes {[c.shape for c in cols]}")
+    change = np.zeros(n, dtype=bool)
+    for c in cols:
+        change[1:] |= c[1:] != c[:-1]
+    return np.cumsum(change, dtype=np.int64)
+
+
+def half_ticks(mid: torch.Tensor, tick: float) -> torch.Tensor:
+    """The mid as exact int64 half-ticks; FxDataError naming the first row off the grid."""
+    if mid.dtype != torch.float64:
+        raise FxDataError(f"mid must be float64 (the exact price block), got {mid.dtype}")
+    if not (np.isfinite(tick) and tick > 0):
+        raise FxDataError(f"tick must be finite and > 0, got {tick!r}")
+    r = mid * (2.0 / tick)
+    u = torch.round(r)
+    bad = ~torch.isfinite(r) | (torch.abs(r - u) > GRID_TOLERANCE) | (u <= 0)
+    if bool(bad.any()):
+        j = int(torch.nonzero(bad)[0, 0])
+        raise FxDataError(
+            f"mid at row {j} is {float(mid[j])!r}: not a positive price on the {tick / 2} half-tick grid"
+        )
+    return u.to(torch.int64)
+
+
+def relative_change(
+    u: torch.Tensor, breaks: torch.Tensor | None, h: int, form: LabelForm, smooth: int
+) -> torch.Tensor:
+    """The float64 label value of every row at horizon ``h`` from int64 half-ticks ``u``; NaN
+    where the window leaves the slice or spans a break."""
+    n = int(u.shape[0])
+    back = back_rows(form, h, smooth)
+    out = torch.full((n,), float("nan"), dtype=torch.float64, device=u.device)
+    lo0 = back - 1  # first row whose window starts inside the slice
+    hi0 = n - h  # rows [lo0, hi0) have every row of their window
+    if hi0 <= lo0:
+        return out
+    s = torch.zeros(n + 1, dtype=torch.int64, device=u.device)
+    s[1:] = torch.cumsum(u, 0)
+    rows = torch.arange(lo0, hi0, device=u.device)
+
+    def mean(a: torch.Tensor, w: int) -> torch.Tensor:  # mean of u[a-w+1 .. a], exact sum
+        return (s[a + 1] - s[a + 1 - w]).to(torch.float64) / w
+
+    now = u[rows].to(torch.float64)
+    if form == "unsmoothed":
+        val = (u[rows + h].to(torch.float64) - now) / now
+    elif form == "fi":
+        val = (mean(rows + h, h) - now) / now
+    elif form == "deeplob":
+        past = mean(rows, h)
+        val = (mean(rows + h, h) - past) / past
+    else:
+        past = mean(rows, back)
+        val = (mean(rows + h, back) - past) / past
+    if breaks is not None:
+        if breaks.shape != u.shape:
+            raise FxDataError(f"breaks shape {tuple(breaks.shape)} differs from mid {tuple(u.shape)}")
+        val = torch.where(breaks[rows + h] == breaks[rows - back + 1], val, torch.nan)
+    out[lo0:hi0] = val
+    return out
+
+
+@dataclass
+class HorizonLabels:
+    """One horizon's labels of a fold's rows."""
+
+    horizon: int
+    change: torch.Tensor  # [n] float64, NaN where undefined
+    classes: torch.Tensor  # [n] float64: +1 / -1 / 0 (three_class) / NaN (undefined or excluded)
+    alpha: float  # the dead band, fitted on the training rows
+    shares: dict[str, float] = field(default_factory=dict)  # over the defined training rows
+
+
+def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
+    """The dead band: 0, or the ``share`` quantile of |change| over the defined training rows."""
+    if share is None:
+        return 0.0
+    a = torch.abs(change_train[torch.isfinite(change_train)])
+    if a.numel() == 0:
+        raise FxDataError("no defined training label to fit the dead band on")
+    return float(torch.quantile(a, share))  # ties at 0 (zero moves) floor the band at 0
+
+
+def snapshot_labels(
+    mid: torch.Tensor,
+    tick: float,
+    n_train: int,
+    cfg: SnapshotLabelConfig,
+    breaks: torch.Tensor | npt.ArrayLike | None = None,
+) -> list[HorizonLabels]:
+    """Labels of a fold's rows (training rows first: ``[0, n_train)``), one per horizon.
+
+    ``mid`` is the fold's float64 mid column (exact: half-tick grid), ``breaks`` the running
+    break count of the same rows (:func:`running_breaks` of session ids and contracts). The
+    dead band of each horizon is fitted on the training rows only.
+    """
+    n = int(mid.shape[0])
+    if not 0 < n_train <= n:
+        raise FxDataError(f"n_train {n_train} outside (0, {n}]")
+    u = half_ticks(mid, tick)
+    br = None
+    if breaks is not None:
+        br = (
+            breaks
+            if isinstance(breaks, torch.Tensor)
+            else torch.from_numpy(np.asarray(breaks, dtype=np.int64))
+        )
+        br = br.to(mid.device)
+    out = []
+    for h in cfg.horizons:
+        ch = relative_change(u, br, h, cfg.form, cfg.smooth)
+        alpha = fit_alpha(ch[:n_train], cfg.stationary_share)
+        cls = torch.where(ch > alpha, 1.0, torch.where(ch < -alpha, -1.0, 0.0)).to(torch.float64)
+        cls = torch.where(torch.isfinite(ch), cls, torch.nan)
+        tr = cls[:n_train]
+        defined = int(torch.isfinite(tr).sum())
+        shares = {
+            "defined": defined / n_train,
+            **{
+                name: (float((tr == v).sum()) / defined if defined else float("nan"))
+                for name, v in (("up", 1.0), ("down", -1.0), ("stationary", 0.0))
+            },
+        }
+        if cfg.zero == "exclude":
+            cls = torch.where(cls == 0.0, torch.nan, cls)
+            shares["excluded"] = shares["stationary"]
+        out.append(HorizonLabels(h, ch, cls, alpha, shares))
+    return out
+
+
+def horizon_clock_ns(
+    ts: npt.ArrayLike, breaks: npt.ArrayLike | None, horizons: Sequence[int]
+) -> dict[int, float]:
+    """Each horizon's clock-time equivalent: the median ``ts[n+h] - ts[n]`` (ns) over rows whose
+    window spans no break (reported beside the horizon, snapshot.md §1)."""
+    t = np.asarray(ts, dtype=np.int64)
+    b = None if breaks is None else np.asarray(breaks)
+    out = {}
+    for h in horizons:
+        if t.shape[0] <= h:
+            out[int(h)] = float("nan")
+            continue
+        d = t[h:] - t[:-h]
+        if b is not None:
+            d = d[b[h:] == b[:-h]]
+        out[int(h)] = float(np.median(d)) if d.size else float("nan")
+    return out

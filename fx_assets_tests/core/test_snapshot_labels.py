@@ -1,0 +1,161 @@
+"""Snapshot-row labels: each form equals its definition row by row, reads exactly its window,
+never spans a break, fits its dead band on training rows only, and handles zero moves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.snapshot_labels import (
+    SnapshotLabelConfig,
+    back_rows,
+    half_ticks,
+    horizon_clock_ns,
+    label_reach,
+    relative_change,
+    running_breaks,
+    snapshot_labels,
+)
+
+TICK = 0.25
+FORMS = ("unsmoothed", "fi", "deeplob", "tlob")
+
+
+def _mids(n: int, seed: int = 0, p_move: float = 0.3) -> np.ndarray:
+    """A half-tick mid path (ES-like: 5000, moves of one half-tick, many zero moves)."""
+    rng = np.random.default_rng(seed)
+    steps = rng.choice([-1, 0, 1], size=n, p=[p_move / 2, 1 - p_move, p_move / 2])
+    return (2 * 5000 / TICK + np.cumsum(steps)) * (TICK / 2)
+
+
+def _reference(p: np.ndarray, brk: np.ndarray, h: int, form: str, smooth: int) -> np.ndarray:
+    """The formulas of reference/snapshot.md §1, row by row in plain Python."""
+    n = p.shape[0]
+    out = np.full(n, np.nan)
+    back = {"unsmoothed": 1, "fi": 1, "deeplob": h, "tlob": min(smooth, h)}[form]
+    for i in range(n):
+        lo, hi = i - back + 1, i + h
+        if lo < 0 or hi >= n or brk[lo] != brk[hi]:
+            continue
+        if form == "unsmoothed":
+            out[i] = (p[i + h] - p[i]) / p[i]
+        elif form == "fi":
+            out[i] = (np.mean(p[i + 1 : i + h + 1]) - p[i]) / p[i]
+        elif form == "deeplob":
+            past = np.mean(p[i - h + 1 : i + 1])
+            out[i] = (np.mean(p[i + 1 : i + h + 1]) - past) / past
+        else:
+            w = back
+            past = np.mean(p[i - w + 1 : i + 1])
+            out[i] = (np.mean(p[i + h - w + 1 : i + h + 1]) - past) / past
+    return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("h", [1, 3, 10, 25])
+def test_each_form_equals_its_definition_and_never_spans_a_break(form: str, h: int) -> None:
+    n = 600
+    p = _mids(n, seed=h)
+    session = np.repeat([0, 1, 2], [250, 200, 150])
+    contract = np.where(np.arange(n) < 380, 202403, 202406)
+    brk = running_breaks(session, contract)
+    assert brk[-1] == 3 and brk[0] == 0
+    got = relative_change(half_ticks(torch.from_numpy(p), TICK), torch.from_numpy(brk), h, form, 10)  # type: ignore[arg-type]
+    want = _reference(p, brk, h, form, 10)
+    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(want))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15, equal_nan=True)
+    # no label reads across a session boundary or the roll
+    for b in (250, 380, 450):
+        back = back_rows(form, h, 10)  # type: ignore[arg-type]
+        rows = np.arange(max(0, b - h), min(n, b + back - 1))
+        assert np.isnan(got.numpy()[rows]).all()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_label_reads_exactly_its_window(form: str) -> None:
+    """Changing the mid outside rows [n-back+1, n+h] leaves label n unchanged; inside, it moves."""
+    n, h, i = 300, 20, 150
+    p = _mids(n, seed=3)
+    base = relative_change(half_ticks(torch.from_numpy(p), TICK), None, h, form, 10)  # type: ignore[arg-type]
+    back = back_rows(form, h, 10)  # type: ignore[arg-type]
+    for j in (i - back, i + h + 1, 0, n - 1):
+        q = p.copy()
+        q[j] += 40 * TICK
+        moved = relative_change(half_ticks(torch.from_numpy(q), TICK), None, h, form, 10)  # type: ignore[arg-type]
+        assert float(moved[i]) == float(base[i]), (form, j)
+    q = p.copy()
+    q[i + h] += 40 * TICK  # the last row of the window always counts
+    moved = relative_change(half_ticks(torch.from_numpy(q), TICK), None, h, form, 10)  # type: ignore[arg-type]
+    assert float(moved[i]) != float(base[i])
+
+
+def test_reach_covers_every_window() -> None:
+    assert label_reach(SnapshotLabelConfig(horizons=[10, 500])) == 501
+    assert label_reach(SnapshotLabelConfig(horizons=[10, 50], form="deeplob")) == 100
+    assert label_reach(SnapshotLabelConfig(horizons=[5, 50], form="tlob", smooth=10)) == 60
+
+
+def test_dead_band_from_training_rows_only_and_zero_moves_explicit() -> None:
+    n, n_train = 4000, 2500
+    p = _mids(n, seed=7, p_move=0.2)  # many zero moves at short horizons
+    cfg = SnapshotLabelConfig(horizons=[2, 50], stationary_share=0.4, zero="exclude")
+    labs = snapshot_labels(torch.from_numpy(p), TICK, n_train, cfg)
+    q = p.copy()
+    q[n_train + 100 :] += np.cumsum(np.ones(n - n_train - 100)) * TICK  # a validation-only trend
+    labs_q = snapshot_labels(torch.from_numpy(q), TICK, n_train, cfg)
+    for a, b in zip(labs, labs_q, strict=True):
+        assert a.alpha == b.alpha  # fitted on training rows only
+    short, long = labs
+    # at 2 rows most moves are zero: the 40% quantile of |change| is 0, the band cannot balance
+    assert short.alpha == 0.0 and short.shares["stationary"] > 0.4
+    assert long.alpha > 0.0 and abs(long.shares["stationary"] - 0.4) < 0.05
+    for lab in labs:
+        tr = lab.classes[:n_train]
+        assert not bool((tr == 0).any())  # excluded, not labelled down or up
+        excluded = float(torch.isnan(tr).sum()) / n_train - (1 - lab.shares["defined"])
+        assert abs(excluded - lab.shares["excluded"] * lab.shares["defined"]) < 1e-9
+        # every label's sign is the realised move's (beyond the band)
+        ch = lab.change.numpy()
+        cls = lab.classes.numpy()
+        ok = ~np.isnan(cls)
+        assert (np.sign(ch[ok]) == cls[ok]).all() and (np.abs(ch[ok]) > lab.alpha).all()
+    three = snapshot_labels(
+        torch.from_numpy(p), TICK, n_train, cfg.model_copy(update={"zero": "three_class"})
+    )
+    assert bool((three[0].classes[:n_train] == 0).any())
+    assert "excluded" not in three[0].shares
+
+
+def test_unsmoothed_sign_is_the_realised_mid_move() -> None:
+    p = _mids(1000, seed=11)
+    (lab,) = snapshot_labels(
+        torch.from_numpy(p), TICK, 800, SnapshotLabelConfig(horizons=[10], zero="three_class")
+    )
+    up = p[10:] > p[:-10]
+    down = p[10:] < p[:-10]
+    cls = lab.classes.numpy()[:-10]
+    assert ((cls == 1) == up).all() and ((cls == -1) == down).all()
+
+
+def test_bad_mids_are_refused_by_row() -> None:
+    p = _mids(50)
+    with pytest.raises(FxDataError, match="float64"):
+        half_ticks(torch.from_numpy(p.astype(np.float32)), TICK)
+    q = p.copy()
+    q[17] += 0.01
+    with pytest.raises(FxDataError, match="row 17"):
+        half_ticks(torch.from_numpy(q), TICK)
+    with pytest.raises(ValueError, match="distinct positive"):
+        SnapshotLabelConfig(horizons=[10, 10])
+    with pytest.raises(ValueError):
+        SnapshotLabelConfig(stationary_share=float("nan"))
+
+
+def test_horizon_clock_time_skips_breaks() -> None:
+    ts = np.cumsum(np.full(100, 1_000), dtype=np.int64)
+    ts[60:] += 10**12  # a session gap
+    brk = running_breaks(np.repeat([0, 1], [60, 40]))
+    assert horizon_clock_ns(ts, brk, [5]) == {5: 5_000.0}
+    assert horizon_clock_ns(ts, None, [5])[5] == 5_000.0  # the median ignores the few gap rows
