@@ -1,0 +1,197 @@
+"""Snapshot features: chunking changes no value, rows <= t never see rows > t, windows reset at
+breaks, and each family equals a plain re-computation from its definition."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.ofi import book_state_row
+from fx_assets.core.snapshot_features import (
+    SnapshotBook,
+    SnapshotFeatureConfig,
+    feature_names,
+    snapshot_features,
+)
+
+TICK = 0.25
+CFG = SnapshotFeatureConfig(
+    flow_windows=[3, 20], mlofi_window=7, trade_windows=[4, 15], kyle_trades=6, vpin_bucket_volume=12.0,
+    vpin_buckets=3, rate_window=9, drift_windows=[5, 30],
+)  # fmt: skip
+
+
+def make_book(n: int, seed: int = 0, breaks_at: tuple[int, ...] = (400,)) -> SnapshotBook:
+    """A random MBP-10 stream: best bid walks on the tick grid, spread 1-3 ticks, levels one tick
+    apart with some missing, random sizes; ~30% trade records with an aggressor side."""
+    rng = np.random.default_rng(seed)
+    bid = 5000.0 + TICK * np.cumsum(rng.choice([-1, 0, 0, 0, 1], n))
+    spread = TICK * rng.choice([1, 1, 1, 2, 3], n)
+    lv = np.arange(10)
+    bid_px = bid[:, None] - TICK * lv[None, :]
+    ask_px = (bid + spread)[:, None] + TICK * lv[None, :]
+    miss = rng.random((n, 10)) < 0.05
+    miss[:, :2] = False
+    bid_px[miss] = np.nan
+    ask_px[np.roll(miss, 1, axis=0)] = np.nan
+    sz = lambda: rng.integers(1, 60, (n, 10)).astype(np.float64)  # noqa: E731
+    action = np.where(rng.random(n) < 0.3, ord("T"), ord("A")).astype(np.uint8)
+    side = np.where(action == ord("T"), rng.choice([-1, 1, 0], n, p=[0.45, 0.45, 0.1]), 0).astype(np.int8)
+    size = np.where(action == ord("T"), rng.integers(1, 20, n), 0).astype(np.float64)
+    ts = np.cumsum(rng.integers(1_000, 2_000_000, n)).astype(np.int64)
+    breaks = np.searchsorted(np.asarray(breaks_at), np.arange(n), side="right").astype(np.int64)
+    return SnapshotBook(ts, breaks, action, side, size, bid_px, ask_px, sz(), sz(), sz(), sz())
+
+
+def _slice(b: SnapshotBook, lo: int, hi: int) -> SnapshotBook:
+    return SnapshotBook(*(getattr(b, f)[lo:hi] for f in b.__dataclass_fields__))
+
+
+def test_chunking_changes_no_value_and_truncation_changes_no_past_row() -> None:
+    book = make_book(1500, breaks_at=(400, 1100))
+    full, _ = snapshot_features(book, CFG)
+    assert full.shape == (1500, len(feature_names(CFG))) and np.isfinite(full).all()
+    parts, st = [], None
+    for lo, hi in ((0, 1), (1, 333), (333, 401), (401, 1500)):
+        out, st = snapshot_features(_slice(book, lo, hi), CFG, st)
+        parts.append(out)
+    np.testing.assert_array_equal(np.vstack(parts), full)
+    # the raw data after row t changed: no value of rows <= t moves
+    t = 900
+    other = make_book(1500, seed=5, breaks_at=(400, 1100))
+    mixed = SnapshotBook(
+        *(
+            np.concatenate([getattr(book, f)[: t + 1], getattr(other, f)[t + 1 :]])
+            for f in book.__dataclass_fields__
+        )
+    )
+    mixed.ts[t + 1 :] = mixed.ts[t] + np.cumsum(np.full(1500 - t - 1, 1000))
+    cut, _ = snapshot_features(mixed, CFG)
+    np.testing.assert_array_equal(cut[: t + 1], full[: t + 1])
+    assert not np.array_equal(cut[t + 1 :], full[t + 1 :])
+
+
+def _cks(b, qb, a, qa, b0, qb0, a0, qa0):  # type: ignore[no-untyped-def]
+    return (qb if b >= b0 else 0) - (qb0 if b <= b0 else 0) - (qa if a <= a0 else 0) + (qa0 if a >= a0 else 0)
+
+
+def test_each_family_equals_its_definition() -> None:
+    book = make_book(900, seed=2, breaks_at=(500,))
+    out, _ = snapshot_features(book, CFG)
+    col = {c: out[:, j] for j, c in enumerate(feature_names(CFG))}
+    brk = book.breaks
+    start = np.array([int(np.flatnonzero(brk == brk[i])[0]) for i in range(len(book))])
+    bpx = np.where(np.isnan(book.bid_px), -1e18, book.bid_px)
+    apx = np.where(np.isnan(book.ask_px), 1e18, book.ask_px)
+    bsz = np.where(np.isnan(book.bid_px), 0.0, book.bid_sz)
+    asz = np.where(np.isnan(book.ask_px), 0.0, book.ask_sz)
+    e = np.zeros((len(book), 10))
+    for i in range(1, len(book)):
+        if start[i] == i:
+            continue
+        for m in range(10):
+            e[i, m] = _cks(
+                bpx[i, m],
+                bsz[i, m],
+                apx[i, m],
+                asz[i, m],
+                bpx[i - 1, m],
+                bsz[i - 1, m],
+                apx[i - 1, m],
+                asz[i - 1, m],
+            )
+    dep = 0.5 * (bsz[:, 0] + asz[:, 0])
+    mid = 0.5 * (book.bid_px[:, 0] + book.ask_px[:, 0])
+    trades = np.flatnonzero(book.action == ord("T"))
+    for i in (0, 1, 2, 17, 250, 499, 500, 501, 520, 899):
+        lo = start[i]
+        for k in CFG.flow_windows:
+            a = max(lo, i - k + 1)
+            assert col[f"ofi_k{k}"][i] == pytest.approx(
+                e[a : i + 1, 0].sum() / dep[a : i + 1].mean(), rel=1e-12
+            )
+        a = max(lo, i - CFG.mlofi_window + 1)
+        for m in range(10):
+            assert col[f"mlofi_l{m + 1}"][i] == pytest.approx(
+                e[a : i + 1, m].sum() / dep[a : i + 1].mean(), rel=1e-12
+            )
+        tr = trades[(trades >= lo) & (trades <= i)]
+        for k in CFG.trade_windows:
+            last = tr[-k:]
+            sv = float((book.side[last] * book.size[last]).sum())
+            vol = float(book.size[last].sum())
+            assert col[f"tsv_k{k}"][i] == sv
+            assert col[f"timb_k{k}"][i] == pytest.approx(sv / vol if vol else 0.0, rel=1e-12)
+            assert col[f"tcnt_k{k}"][i] == pytest.approx(
+                book.side[last].sum() / len(last) if len(last) else 0.0
+            )
+        for k in CFG.drift_windows:
+            j = max(lo, i - k)
+            assert col[f"drift_k{k}"][i] == pytest.approx((mid[i] - mid[j]) / TICK)
+            ch = np.diff(mid[lo : i + 1]) != 0  # a change at rows lo+1..i
+            assert col[f"midchg_k{k}"][i] == (ch[-k:].sum() if ch.size else 0)
+        assert col["spread_bps"][i] == pytest.approx(1e4 * (book.ask_px[i, 0] - book.bid_px[i, 0]) / mid[i])
+        last_t = tr[-1] if tr.size else lo
+        assert col["log_dt_trade_us"][i] == pytest.approx(math.log1p((book.ts[i] - book.ts[last_t]) / 1e3))
+        assert col["log_rows_since_break"][i] == pytest.approx(math.log1p(i - lo))
+        ref = book_state_row(
+            book.bid_px[i],
+            book.ask_px[i],
+            book.bid_sz[i],
+            book.ask_sz[i],
+            book.bid_ct[i],
+            book.ask_ct[i],
+            TICK,
+        )
+        for name, v in ref.items():
+            assert col[f"book_{name}"][i] == pytest.approx(v, rel=1e-12, abs=1e-15, nan_ok=True), name
+    # at a break every window starts again
+    assert col["ofi_k20"][500] == 0.0 and col["tsv_k15"][500] == (
+        float(book.side[500] * book.size[500]) if book.action[500] == ord("T") else 0.0
+    )
+
+
+def test_kyle_lambda_and_vpin_follow_their_definitions() -> None:
+    book = make_book(600, seed=4, breaks_at=())
+    out, _ = snapshot_features(book, CFG)
+    col = {c: out[:, j] for j, c in enumerate(feature_names(CFG))}
+    mid_u = np.floor((book.bid_px[:, 0] + book.ask_px[:, 0]) / TICK + 0.5)  # half-ticks
+    tr = np.flatnonzero(book.action == ord("T"))
+    x = (book.side[tr] * book.size[tr]).astype(float)
+    y = np.concatenate([[0.0], np.diff(mid_u[tr])])
+    i = int(tr[40])
+    k = CFG.kyle_trades
+    xs, ys = x[40 - k + 1 : 41], y[40 - k + 1 : 41]
+    want = 0.5 * np.cov(xs, ys, bias=True)[0, 1] / np.var(xs)
+    assert col["kyle_lambda"][i] == pytest.approx(want, rel=1e-9)
+    # VPIN: buckets of 12 contracts filled trade by trade
+    buy = sell = vol = 0.0
+    buckets = []
+    for j in tr[tr <= i]:
+        rem = book.size[j]
+        while rem > 0:
+            take = min(rem, 12.0 - vol)
+            buy += take if book.side[j] > 0 else 0.0
+            sell += take if book.side[j] < 0 else 0.0
+            vol += take
+            rem -= take
+            if vol >= 12.0:
+                buckets.append(abs(buy - sell) / 12.0)
+                buy = sell = vol = 0.0
+    assert col["vpin"][i] == pytest.approx(np.mean(buckets[-3:]), rel=1e-12)
+
+
+def test_bad_chunks_are_refused_by_row() -> None:
+    book = make_book(50)
+    book.ask_px[7, 0] = book.bid_px[7, 0] - TICK
+    with pytest.raises(FxDataError, match="row 7"):
+        snapshot_features(book, CFG)
+    book = make_book(50)
+    book.ts[9] = book.ts[8] - 1
+    with pytest.raises(FxDataError, match="row 9"):
+        snapshot_features(book, CFG)
+    with pytest.raises(ValueError):
+        SnapshotFeatureConfig(flow_windows=[0])
