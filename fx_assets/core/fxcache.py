@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numba import njit
 
 from fx_assets.core import checksum
 from fx_assets.core.atomic import atomic_path
@@ -300,6 +301,14 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"fxcache meta: {type(obj).__name__} is not JSON serialisable")
 
 
+def _readonly(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view: every column of a block then has one numba type (mapped table columns
+    are read-only already), so the fill kernel takes them as one homogeneous tuple."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 class ColumnBlock:
     """One group's columns as separate 1-D arrays, not stacked, with an optional row selection.
 
@@ -310,13 +319,15 @@ class ColumnBlock:
     """
 
     def __init__(self, columns: Sequence[npt.NDArray[Any]], n_rows: int, rows: I64 | None = None) -> None:
-        self.columns = tuple(columns)
+        # float64 columns (a view when they already are): values are converted to float64 first,
+        # then to the stored dtype, exactly as a stacked float64 block would be.
+        self.columns = tuple(_readonly(np.ascontiguousarray(c, dtype=np.float64)) for c in columns)
         for c in self.columns:
             if c.ndim != 1 or c.shape[0] != n_rows:
                 raise FxDataError(f"ColumnBlock: column of shape {c.shape}, expected ({n_rows},)")
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         self.n_rows = n_rows
-        self.dtype = np.result_type(*self.columns) if self.columns else np.dtype(np.float64)
+        self.dtype = np.dtype(np.float64)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -351,7 +362,24 @@ class ColumnBlock:
         return np.asarray(self).T
 
 
-_FILL_ROWS = 2048
+_FILL_ROWS = 2048  # rows per block: a block of the output stays in cache while each column is written
+
+
+@njit(cache=True, nogil=True)
+def _fill_columns_nb(cols, rows, lo, hi, out, c0):  # type: ignore[no-untyped-def,unused-ignore]
+    """``out[r - lo, c0 + c] = cols[c][rows[r]]`` (``rows`` empty: ``cols[c][r]``) for
+    ``r`` in ``[lo, hi)``, block by block; the float64 value is cast to ``out``'s dtype on
+    assignment (round to nearest, as numpy's cast)."""
+    sel = rows.shape[0] > 0
+    for b0 in range(lo, hi, _FILL_ROWS):
+        b1 = min(hi, b0 + _FILL_ROWS)
+        for c in range(len(cols)):
+            col = cols[c]
+            for r in range(b0, b1):
+                out[r - lo, c0 + c] = col[rows[r]] if sel else col[r]
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 def _fill_chunk(
@@ -360,23 +388,19 @@ def _fill_chunk(
     """Rows ``lo:hi`` of the groups ``parts`` (side by side) into ``out[: hi - lo, :k]``: each
     value as float64 first, then cast to ``out``'s dtype on assignment (the same rounding as
     converting a stacked float64 block)."""
+    c0 = 0
     # Overflow to inf (f32) is expected here and caught by the finite check that follows.
     with np.errstate(over="ignore", invalid="ignore"):
-        # Row blocks small enough that a block of ``out`` stays in cache while each column is
-        # written into it (a column of a whole chunk is a strided write over many megabytes).
-        for b0 in range(lo, hi, _FILL_ROWS):
-            b1 = min(hi, b0 + _FILL_ROWS)
-            dst = out[b0 - lo : b1 - lo]
-            c0 = 0
-            for g in parts:
-                if isinstance(g, ColumnBlock):
-                    for c in range(len(g.columns)):
-                        dst[:, c0 + c] = g.column_rows(c, b0, b1)
-                    c0 += len(g.columns)
-                else:
-                    k = g.shape[1]
-                    dst[:, c0 : c0 + k] = np.asarray(g[b0:b1], dtype=np.float64)
-                    c0 += k
+        for g in parts:
+            if isinstance(g, ColumnBlock):
+                if g.columns:
+                    rows = _NO_ROWS if g.rows is None else g.rows
+                    _fill_columns_nb(g.columns, rows, lo, hi, out, c0)
+                c0 += len(g.columns)
+            else:
+                k = g.shape[1]
+                out[: hi - lo, c0 : c0 + k] = np.asarray(g[lo:hi], dtype=np.float64)
+                c0 += k
 
 
 def _all_finite(stored: npt.NDArray[Any], dtype: str) -> bool:
