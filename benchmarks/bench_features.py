@@ -24,9 +24,11 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from benchmarks.common import (
     HEAVY_MARKET,
     LAST_QUARTER,
     MAIN_MARKET,
+    ROOT,
     TINY_MARKET,
     MemorySampler,
     _status_kib,
@@ -183,7 +186,7 @@ def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
         write_table(lay.stage("bar_features", quarter), feats.to_arrow())
         t = lap("bar_features_write", t)
         kw: dict[str, Any] = {}
-        if has_prev and prev_tr is not None and prev_bk is not None:
+        if has_prev and prev_tr is not None and prev_bk is not None and prev_bars is not None:
             prev_cal = roll_calendar_from_table(read_table(lay.stage("roll_calendar", prev)))
             prev_book = BookSource(prev_bk.path, prev_cal)
             start = ofi_warmup_start(prev_bars, prev_book, ofi_core.OfiConfig())
@@ -814,42 +817,111 @@ def _summary(values: list[float]) -> dict[str, Any]:
     return {"min": v[0], "median": float(statistics.median(v)), "max": v[-1], "rounds": len(v)}
 
 
-try:  # the shared helper, where the branch that adds it has been merged
-    from benchmarks.common import rounds_summary  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge order
-    rounds_summary = _summary
+def rounds_summary(values: list[float]) -> dict[str, Any]:
+    """benchmarks.common.rounds_summary where the branch adding it is merged, else ``_summary``."""
+    from benchmarks import common
+
+    fn = getattr(common, "rounds_summary", None)
+    return dict(fn(values)) if callable(fn) else _summary(values)
 
 
-def run(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
+def _stages_in(checkout: Path | None, root: Path, quarter: str) -> dict[str, Any]:
+    """``_asset_stages`` in a fresh process, with ``fx_assets`` of this checkout or of
+    ``checkout`` (an export of another commit holding this benchmark module)."""
+    if checkout is None:
+        return in_subprocess(MODULE, "stages", str(root), quarter)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(checkout))
+    proc = subprocess.run(
+        [sys.executable, "-m", MODULE, "stages", str(root), quarter],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{checkout}: stages {quarter} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _comparable(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Output checksums that do not depend on the code version: every stage-table column, and
+    the fxcache's ts / price / value blocks (its trailer holds the cache key, which does)."""
+    return {
+        k: ({r: v[r] for r in ("ts", "price", "values")} if k == "fxcache" else v) for k, v in outputs.items()
+    }
+
+
+def _git_head() -> str:
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False)
+    return proc.stdout.strip()
+
+
+def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = None) -> dict[str, Any]:
     """The 7 feature stages of a ``--scale 1`` quarter, warm, through the assets' calls
     (``_asset_stages``), each round in a fresh process; writes
-    benchmarks/results/bench_features.json. ``quick``: 3 rounds, else 5."""
+    benchmarks/results/bench_features.json. ``quick``: 3 rounds, else 5. ``baseline``: an
+    export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, this module copied
+    into it): its stages run in the same rounds, alternating A B A B, and its outputs must
+    equal this checkout's bit for bit."""
     n_rounds = rounds or (3 if quick else 5)
     load_before = load_average()
     t_start = time.perf_counter()
     root = stages_root()
-    _log(f"stages: data root {root}; previous quarter {STAGES_PREV} (untimed, builds its outputs)")
-    prev_run = in_subprocess(MODULE, "stages", str(root), STAGES_PREV)
-    # Untimed: builds the quarter's sidecars on first use, and numba recompiles (rewriting its
-    # on-disk cache) any edited module, which would otherwise be charged to round 1.
-    _clear_outputs(root, STAGES_QUARTER)
-    _log(f"stages: {STAGES_QUARTER} untimed warm-up round")
-    in_subprocess(MODULE, "stages", str(root), STAGES_QUARTER)
-    runs = []
-    for r in range(n_rounds):
+    checkouts: list[Path | None] = [None] if baseline is None else [baseline, None]
+    prev_run: dict[str, Any] = {}
+    for co in checkouts:
+        _log(
+            f"stages ({co or 'this checkout'}): previous quarter {STAGES_PREV} (untimed, builds its outputs)"
+        )
+        prev_run = _stages_in(co, root, STAGES_PREV)
+        # Untimed: builds the quarter's sidecars on first use, and numba recompiles (rewriting
+        # its on-disk cache) any edited module, which would otherwise be charged to round 1.
         _clear_outputs(root, STAGES_QUARTER)
-        _log(f"stages: {STAGES_QUARTER} round {r + 1}/{n_rounds} (fresh process, warm)")
-        runs.append(in_subprocess(MODULE, "stages", str(root), STAGES_QUARTER))
+        _log(f"stages ({co or 'this checkout'}): {STAGES_QUARTER} untimed warm-up round")
+        _stages_in(co, root, STAGES_QUARTER)
+    runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
+    for r in range(n_rounds):
+        for co in checkouts:
+            _clear_outputs(root, STAGES_QUARTER)
+            _log(
+                f"stages ({co or 'this checkout'}): {STAGES_QUARTER} round {r + 1}/{n_rounds} (fresh process, warm)"
+            )
+            (runs if co is None else base_runs).append(_stages_in(co, root, STAGES_QUARTER))
     outputs = runs[0]["outputs"]
     if any(x["outputs"] != outputs for x in runs):
         raise RuntimeError("stage outputs differ between rounds")
+    if base_runs and any(_comparable(x["outputs"]) != _comparable(outputs) for x in base_runs):
+        raise RuntimeError(f"stage outputs of {baseline} differ from this checkout's")
     stages = list(runs[0]["wall"])
     wall = {s: rounds_summary([x["wall"][s] for x in runs]) for s in stages}
     cpu = {s: rounds_summary([x["cpu"][s] for x in runs]) for s in stages}
     total = rounds_summary([x["seconds"] for x in runs])
     total_cpu = rounds_summary([x["cpu_seconds"] for x in runs])
     ofi_med = wall["ofi_features"]["median"]
-    base = OFI_BASELINE
+    ab: dict[str, Any] = {}
+    if base_runs:
+        ab = {
+            "checkout": str(baseline),
+            "commit": (baseline / "BASELINE_COMMIT").read_text().strip()
+            if baseline is not None and (baseline / "BASELINE_COMMIT").is_file()
+            else None,
+            "outputs_bit_identical": True,  # checked above (else this run fails)
+            "total_wall_s": rounds_summary([x["seconds"] for x in base_runs]),
+            "total_cpu_s": rounds_summary([x["cpu_seconds"] for x in base_runs]),
+            "wall_s": {st: rounds_summary([x["wall"][st] for x in base_runs]) for st in stages},
+            "cpu_s": {st: rounds_summary([x["cpu"][st] for x in base_runs]) for st in stages},
+        }
+    base = dict(OFI_BASELINE)
+    if ab:
+        base = {
+            "wall_median_s": ab["wall_s"]["ofi_features"]["median"],
+            "cpu_median_s": ab["cpu_s"]["ofi_features"]["median"],
+            "commit": ab["commit"] or "?",
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "how": "the baseline commit's stages in the same run, rounds alternating A B A B",
+        }
     targets = [
         target(
             "7 feature stages warm, wall (median)",
@@ -878,6 +950,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     ]
     payload = {
         "command": command_line(),
+        "commit": _git_head(),
         "config": {
             "data_root": str(root),
             "quarter": STAGES_QUARTER,
@@ -908,6 +981,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
                 "rounds": [{"wall": x["wall"], "cpu": x["cpu"], "seconds": x["seconds"]} for x in runs],
             },
             "ofi_baseline": base,
+            "baseline_same_run": ab,
             "previous_quarter_build": {"seconds": prev_run["seconds"], "wall": prev_run["wall"]},
             "output_checksums": outputs,
         },
@@ -922,22 +996,23 @@ def main(argv: list[str]) -> None:
         if argv and argv[0] == "--scaling":
             out = run_scaling()
         else:
-            out = run(quick="--quick" in argv)
+            base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
+            out = run(quick="--quick" in argv, baseline=Path(base) if base else None)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
             )
         return
     cmd, *args = argv
-    fn = {
+    fn: dict[str, Callable[..., dict[str, Any]]] = {
         "prepare": _prepare,
         "pipeline": _pipeline,
         "ofi_heavy": _ofi_heavy,
         "bars_core": _bars_core,
         "diagnose": _diagnose,
         "stages": _asset_stages,
-    }[cmd]
-    print(json.dumps(fn(*args)))
+    }
+    print(json.dumps(fn[cmd](*args)))
 
 
 if __name__ == "__main__":

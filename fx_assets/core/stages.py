@@ -513,17 +513,23 @@ def _book_rows(
     levels: int,
     tick_units: int = 0,
     buffers: _BookBuffers | None = None,
+    tables: Sequence[tuple[I64, I64]] | None = None,
 ) -> ofi_core.BookArrays:
     """Active-contract book rows of the record ranges ``[lo, hi)`` of each source, in order, as
     [n, ``levels``] float matrices written in place (no per-column temporaries, no second
     concatenation copy; into ``buffers`` when given). With ``tick_units`` > 0, a defined price
-    off the tick grid raises (naming file, column, record and ts_recv)."""
+    off the tick grid raises (naming file, column, record and ts_recv). ``tables``: each
+    part's ``_active_table`` (bounds, active ids) over its whole source, built once by the
+    caller (any table covering the records gives the same selection)."""
     picked: list[tuple[BookSource, dict[str, np.ndarray], I64]] = []
-    for src, c, lo, hi in parts:
+    for p, (src, c, lo, hi) in enumerate(parts):
         if hi <= lo:
             continue
         ts = c["ts_recv"]
-        bounds, act, _ = _active_table(src.calendar, ts[lo:hi])
+        if tables is None:
+            bounds, act, _ = _active_table(src.calendar, ts[lo:hi])
+        else:
+            bounds, act = tables[p]
         idx = np.empty(hi - lo, dtype=np.int64)
         n = _select_active_nb(ts, c["instrument_id"], bounds, act, lo, hi, idx)
         picked.append((src, c, idx[:n]))
@@ -789,6 +795,7 @@ def quarter_ofi(
 
     outs: list[ofi_core.OfiFeatures] = []
     buffers = _BookBuffers()
+    tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
     releasers = [PageReleaser(list(c.values())) for _, c in sources]
     for b0, b1 in itertools.pairwise(bounds):
         w0 = (
@@ -805,7 +812,7 @@ def quarter_ofi(
             hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
             parts.append((src, c, lo, hi))
             rel.release_before(lo)  # later chunks start at or after this window
-        book_arr = _book_rows(parts, levels, tick_units, buffers)
+        book_arr = _book_rows(parts, levels, tick_units, buffers, tables)
         outs.append(
             ofi_core.compute_ofi_features(
                 book_arr,
