@@ -431,6 +431,9 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     from fx_assets.assets.features import _active, _book, _load_bars, warmup_bars
     from fx_assets.core import ofi as ofi_core
     from fx_assets.core import roll as roll_core
+
+    # the OFI asset's trade loader (a baseline checkout may predate active_trade_flow)
+    from fx_assets.core import stages as stages_mod
     from fx_assets.core.bar_features import FeatureTable, validate_features
     from fx_assets.core.bars import bars_per_session
     from fx_assets.core.calendar import parse_quarter, previous_quarter
@@ -449,6 +452,7 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     from fx_assets.resources.pipeline import PipelineConfig
     from fx_assets.resources.storage import FxStorage
 
+    flow_fn = getattr(stages_mod, "active_trade_flow", active_trades)
     import_s = time.perf_counter() - t_imp
     storage = FxStorage(root=root)
     part = QuarterSymbol(parse_quarter(quarter), SYMBOL)
@@ -500,12 +504,15 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
             start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
             kw = {
                 "prev_bars": prev_bars,
-                "prev_trades": active_trades(
-                    io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start
-                ),
+                "prev_trades": flow_fn(io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start),
                 "prev_book": prev_book,
             }
-        feats = quarter_ofi(cur, _active(io, q), _book(io, q), io.cfg.ofi, partition=part.label, **kw)
+        book = _book(io, q)
+        if flow_fn is active_trades:  # a checkout before active_trade_flow: as its asset did
+            trades = _active(io, q)
+        else:
+            trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
+        feats = quarter_ofi(cur, trades, book, io.cfg.ofi, partition=part.label, **kw)
         ofi_core.validate_ofi(feats, part.label)
         write_table(io.path("ofi_features"), feats.to_arrow())
         return {"rows": len(feats), "warmed_up": bool(kw)}

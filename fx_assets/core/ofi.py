@@ -505,10 +505,11 @@ class BookArrays:
 
 @dataclass(frozen=True)
 class TradeArrays:
-    """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}."""
+    """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}.
+    ``price`` is not read by the kernels (None: not loaded, see ``stages.TradeFlow``)."""
 
     ts: I64
-    price: F64
+    price: F64 | None
     size: F64
     sign: npt.NDArray[np.int8]
 

@@ -351,6 +351,94 @@ def active_trades(
     )
 
 
+@dataclass(frozen=True)
+class TradeFlow:
+    """The part of :class:`ActiveTrades` that OFI reads: the same trades (``ts_recv`` order),
+    their size (contracts) and aggressor sign, without price, session and contract columns."""
+
+    ts: npt.NDArray[np.int64]
+    size: npt.NDArray[np.float64]
+    sign: npt.NDArray[np.int8]
+    n_source: int
+    after_ts: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _flow_write_nb(
+    ts: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    keep: npt.NDArray[np.bool_],
+    lo: int,
+    hi: int,
+    j: int,
+    o_ts: I64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+) -> bool:
+    """``_active_write_nb`` for ts, size and sign only (the same values)."""
+    j0 = j
+    ordered = True
+    for i in range(lo, hi):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j > j0 and t < o_ts[j - 1]:
+            ordered = False
+        o_ts[j] = t
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        j += 1
+    return ordered
+
+
+@njit(cache=True)
+def _flow_outputs_nb(n: int) -> tuple[I64, F64, npt.NDArray[np.int8]]:
+    return np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int8)
+
+
+def active_trade_flow(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> TradeFlow:
+    """``active_trades`` reduced to what OFI reads (ts, size, sign): the same selection and
+    values, half the output to write."""
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
+    ts = cols["ts_recv"]
+    bounds, act, _ = _active_table(calendar, ts)
+    n = int(ts.shape[0])
+    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    keep = _zeros_bool_nb(n)
+    after = np.iinfo(np.int64).min if after_ts is None else int(after_ts)
+
+    def run(fn: Callable[[int], _T]) -> list[_T]:
+        if parts == 1:
+            return [fn(0)]
+        with ThreadPoolExecutor(parts) as pool:
+            return list(pool.map(fn, range(parts)))
+
+    iid, price, size = cols["instrument_id"], cols["price"], cols["size"]
+    counts = run(
+        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
+    )
+    offsets = [0, *itertools.accumulate(counts)]
+    cnt = offsets[-1]
+    o_ts, o_sz, o_sg = _flow_outputs_nb(cnt)
+    side = cols["side"]
+    oks = run(
+        lambda p: _flow_write_nb(ts, size, side, keep, cuts[p], cuts[p + 1], offsets[p], o_ts, o_sz, o_sg)
+    )
+    ordered = all(oks) and all(o_ts[j] >= o_ts[j - 1] for j in offsets[1:-1] if 0 < j < cnt)
+    if not ordered:
+        raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
+    return TradeFlow(ts=o_ts, size=o_sz, sign=o_sg, n_source=n, after_ts=after_ts)
+
+
 def quarter_bars(trades: ActiveTrades, config: BarConfig) -> BarTable:
     return build_bars(
         trades.ts, trades.price, trades.size, trades.sign, trades.session, trades.instrument_id, config
@@ -458,15 +546,21 @@ def _gather_book_nb(
                 col = bid_px[lvl] if side == 0 else ask_px[lvl]
                 out = o_bpx if side == 0 else o_apx
                 rank = side * levels + lvl
+                # The grid check (a 64-bit modulo, the costliest step here) runs once per run of
+                # equal prices: a level's price mostly repeats from record to record, and a
+                # repeat of an off-grid price was already recorded at its first row.
+                last = UNDEF_PRICE
                 for r in range(b0, b1):
                     v = col[idx[r]]
                     if v == UNDEF_PRICE:
                         out[row0 + r, lvl] = np.nan
                     else:
                         out[row0 + r, lvl] = v / PRICE_DIVISOR
-                        if tick_units > 0 and v % tick_units != 0 and rank < bad_rank[blk]:
-                            bad_rank[blk] = rank  # rows ascend within a block: the first is kept
-                            bad_pos[blk] = r
+                        if tick_units > 0 and v != last:
+                            last = v
+                            if v % tick_units != 0 and rank < bad_rank[blk]:
+                                bad_rank[blk] = rank  # rows ascend within a block: the first is kept
+                                bad_pos[blk] = r
             c1 = bid_sz[lvl]
             c2 = ask_sz[lvl]
             c3 = bid_ct[lvl]
@@ -698,9 +792,9 @@ def _replay_start(j: int, has_snap: npt.NDArray[np.bool_], inst: npt.NDArray[np.
     return j
 
 
-def _trade_slices(sources: Sequence[ActiveTrades], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
+def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
     """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
-    when one source holds them, else a copy of only those trades."""
+    when one source holds them, else a copy of only those trades (no prices: OFI reads none)."""
     spans = [
         (t, int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
         for t in sources
@@ -708,23 +802,21 @@ def _trade_slices(sources: Sequence[ActiveTrades], lo_t: int, hi_t: int) -> ofi_
     got = [g for g in spans if g[2] > g[1]]
     if len(got) <= 1:
         t, lo, hi = got[0] if got else spans[-1]
-        return ofi_core.TradeArrays(t.ts[lo:hi], t.price[lo:hi], t.size[lo:hi], t.sign[lo:hi])
-    return ofi_core.TradeArrays(
-        *(
-            np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got])
-            for f in ("ts", "price", "size", "sign")
-        )
+        return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
+    ts, size, sign = (
+        np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got]) for f in ("ts", "size", "sign")
     )
+    return ofi_core.TradeArrays(ts, None, size, sign)
 
 
 def quarter_ofi(
     bars: BarTable,
-    trades: ActiveTrades,
+    trades: ActiveTrades | TradeFlow,
     book: BookSource,
     config: ofi_core.OfiConfig,
     *,
     prev_bars: BarTable | None = None,
-    prev_trades: ActiveTrades | None = None,
+    prev_trades: ActiveTrades | TradeFlow | None = None,
     prev_book: BookSource | None = None,
     book_chunk: int = DEFAULT_BOOK_CHUNK,
     partition: str = "?",
@@ -748,7 +840,7 @@ def quarter_ofi(
     tick = config.tick_size
     tick_units = round(tick * 1e9)
     sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
-    trade_sources: list[ActiveTrades] = []
+    trade_sources: list[ActiveTrades | TradeFlow] = []
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
     if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:

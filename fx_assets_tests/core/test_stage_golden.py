@@ -5,7 +5,8 @@ A small two-quarter synthetic market runs through the stage drivers of
 features and OFI warmed up from the previous quarter, the fxcache assembly and file in every
 dtype); every column's XXH3-128 (:func:`fx_assets.core.tables.table_checksums`) and every
 fxcache region checksum must equal the ones recorded in ``golden/stage_digests.json`` (written
-by the code before the fxcache / OFI speed-ups of issue 10). OFI is also run with a small
+by the code before the fxcache / OFI speed-ups of issue 10). OFI runs on the trade flow the
+asset loads (``active_trade_flow``), and again from the full active trades with a small
 ``book_chunk`` (many chunks, each replaying its warm-up), which must give the same bits.
 
 A deliberate change of a stage's numbers regenerates the file:
@@ -20,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fx_assets.core import ofi as ofi_core
@@ -30,6 +32,7 @@ from fx_assets.core.fxcache import read_header, write_fxcache
 from fx_assets.core.sidecar import ensure_sidecar
 from fx_assets.core.stages import (
     BookSource,
+    active_trade_flow,
     active_trades,
     assemble_fxcache_columns,
     ofi_warmup_start,
@@ -77,7 +80,16 @@ def _digests(tmp: Path) -> dict[str, Any]:
                 "prev_trades": active_trades(sc["trades", prev_q], prev_cal, after_ts=start),
                 "prev_book": prev_book,
             }
-        ofi = quarter_ofi(bars, trades, book, cfg, partition=label, **kw)
+        # The OFI asset loads the trade flow only: the same trades, times, sizes and signs.
+        flow = active_trade_flow(sc["trades", q], cal)
+        for f in ("ts", "size", "sign"):
+            assert np.array_equal(getattr(flow, f), getattr(trades, f)), f
+        flow_kw = dict(kw)
+        if kw:
+            prev_flow = active_trade_flow(sc["trades", prev_q], prev_cal, after_ts=kw["prev_trades"].after_ts)
+            assert np.array_equal(prev_flow.ts, kw["prev_trades"].ts)
+            flow_kw["prev_trades"] = prev_flow
+        ofi = quarter_ofi(bars, flow, book, cfg, partition=label, **flow_kw)
         ofi_small = quarter_ofi(bars, trades, book, cfg, partition=label, book_chunk=5_000, **kw)
         d: dict[str, Any] = {
             "roll_calendar": table_checksums(cal.to_arrow()),
