@@ -860,6 +860,10 @@ def _comparable(outputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _git_head() -> str:
+    """The commit measured: HEAD, or the CANDIDATE_COMMIT file of an exported checkout."""
+    marker = ROOT.parent / "CANDIDATE_COMMIT"
+    if marker.is_file():
+        return marker.read_text().strip()
     proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False)
     return proc.stdout.strip()
 
