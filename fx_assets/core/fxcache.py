@@ -366,7 +366,7 @@ _FILL_ROWS = 2048  # rows per block: a block of the output stays in cache while 
 
 
 @njit(cache=True, nogil=True)
-def _fill_columns_nb(cols, rows, lo, hi, out, c0):  # type: ignore[no-untyped-def,unused-ignore]
+def _fill_columns_nb(cols, rows, lo, hi, out, c0):
     """``out[r - lo, c0 + c] = cols[c][rows[r]]`` (``rows`` empty: ``cols[c][r]``) for
     ``r`` in ``[lo, hi)``, block by block; the float64 value is cast to ``out``'s dtype on
     assignment (round to nearest, as numpy's cast)."""
