@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from benchmarks.common import (
     HEAVY_MARKET,
     LAST_QUARTER,
     MAIN_MARKET,
+    ROOT,
     TINY_MARKET,
     MemorySampler,
     _status_kib,
@@ -43,6 +47,7 @@ from benchmarks.common import (
     free_disk_gb,
     in_subprocess,
     load_average,
+    market_config,
     raw_file,
     target,
     write_result,
@@ -181,7 +186,7 @@ def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
         write_table(lay.stage("bar_features", quarter), feats.to_arrow())
         t = lap("bar_features_write", t)
         kw: dict[str, Any] = {}
-        if has_prev and prev_tr is not None and prev_bk is not None:
+        if has_prev and prev_tr is not None and prev_bk is not None and prev_bars is not None:
             prev_cal = roll_calendar_from_table(read_table(lay.stage("roll_calendar", prev)))
             prev_book = BookSource(prev_bk.path, prev_cal)
             start = ofi_warmup_start(prev_bars, prev_book, ofi_core.OfiConfig())
@@ -392,6 +397,224 @@ def _bars_core(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> di
     }
 
 
+# --- the 7 feature stages as the assets run them (issue 10, "Warm, stage functions") ------------
+
+SYMBOL = "ES.FUT"
+STAGES_QUARTER = "2024-Q3"  # the quarter of /work/main/benchmarks/data/scaleout_scale1
+STAGES_PREV = "2024-Q2"
+STAGE_OUTPUTS = ("roll_calendar", "bars", "bar_features", "ofi_features", "fxcache")
+# OFI baseline: median of the ofi_features stage on main before this branch's changes
+# (benchmarks/results/bench_features.json records where and when it was measured).
+OFI_BASELINE: dict[str, Any] = {}
+
+
+def _cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return r.ru_utime + r.ru_stime
+
+
+def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
+    """The 7 stages of ``definitions.FEATURE_STAGES`` for one partition, in this (fresh)
+    process, each through the calls its asset body makes (``fx_assets.assets.ingest`` /
+    ``features``): keyed paths from ``StageIO`` (source identities, cache keys), sidecars via
+    ``require_sidecar`` (reuse + checksum verification), the one core function, the asset's
+    own checks, and ``write_table`` (stage-table checksums) / ``write_fxcache``; the fxcache
+    stage also runs ``verify_fxcache`` (its blocking asset check). Wall and CPU time per stage;
+    the output checksums, so that runs before and after a change can be compared."""
+    t_imp = time.perf_counter()
+    import numpy as np
+
+    from fx_assets import definitions
+    from fx_assets.assets.common import StageIO, require_sidecar
+    from fx_assets.assets.features import _active, _book, _load_bars, warmup_bars
+    from fx_assets.core import ofi as ofi_core
+    from fx_assets.core import roll as roll_core
+
+    # the OFI asset's trade loader (a baseline checkout may predate active_trade_flow)
+    from fx_assets.core import stages as stages_mod
+    from fx_assets.core.bar_features import FeatureTable, validate_features
+    from fx_assets.core.bars import bars_per_session
+    from fx_assets.core.calendar import parse_quarter, previous_quarter
+    from fx_assets.core.fxcache import read_header, verify_fxcache, write_fxcache
+    from fx_assets.core.stages import (
+        active_trades,
+        assemble_fxcache_columns,
+        ofi_warmup_start,
+        quarter_bar_features,
+        quarter_bars,
+        quarter_ofi,
+        read_table,
+        write_table,
+    )
+    from fx_assets.partitions import QuarterSymbol
+    from fx_assets.resources.pipeline import PipelineConfig
+    from fx_assets.resources.storage import FxStorage
+
+    flow_fn = getattr(stages_mod, "active_trade_flow", active_trades)
+    import_s = time.perf_counter() - t_imp
+    storage = FxStorage(root=root)
+    part = QuarterSymbol(parse_quarter(quarter), SYMBOL)
+    q = part.quarter
+    # One StageIO per asset, as each asset builds its own (keys and identities not shared).
+    pipeline = PipelineConfig()
+
+    def new_io() -> StageIO:
+        return StageIO(storage, pipeline, part)
+
+    def predecoded(schema: str) -> Any:
+        info = require_sidecar(storage, schema, part)
+        return {"reused": bool(info.reused), "records": int(info.n_records)}
+
+    def roll_calendar() -> Any:
+        io = new_io()
+        info = io.sidecar("trades")
+        prev_q = previous_quarter(q)
+        prev = io.sidecar("trades", prev_q) if io.has_raw("trades", prev_q) else None
+        cal = roll_core.roll_calendar_from_sidecars(info.path, prev.path if prev else None)
+        write_table(io.path("roll_calendar"), cal.to_arrow())
+        return {"sessions": len(cal), "rolls": len(cal.events)}
+
+    def bars() -> Any:
+        io = new_io()
+        trades = _active(io, q)
+        table = quarter_bars(trades, io.cfg.bars)
+        write_table(io.path("bars"), table.to_arrow())
+        bars_per_session(table)
+        if float(table.volume.sum()) != float(trades.size.sum()):
+            raise RuntimeError("bar volume != traded volume")
+        return {"bars": len(table), "trades_used": len(trades), "trades_in_file": trades.n_source}
+
+    def bar_features() -> Any:
+        io = new_io()
+        cur = _load_bars(io, q)
+        table = quarter_bar_features(cur, warmup_bars(io), io.cfg.bar_features)
+        validate_features(table, part.label)
+        write_table(io.path("bar_features"), table.to_arrow())
+        return {"rows": len(table), "warmup_bars": table.n_prior}
+
+    def ofi_features() -> Any:
+        io = new_io()
+        cur = _load_bars(io, q)
+        kw: dict[str, Any] = {}
+        pq = io.ofi_warmup_quarter()
+        if pq is not None:
+            prev_bars, prev_book = _load_bars(io, pq), _book(io, pq)
+            start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
+            kw = {
+                "prev_bars": prev_bars,
+                "prev_trades": flow_fn(io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start),
+                "prev_book": prev_book,
+            }
+        book = _book(io, q)
+        if flow_fn is active_trades:  # a checkout before active_trade_flow: as its asset did
+            trades = _active(io, q)
+        else:
+            trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
+        feats = quarter_ofi(cur, trades, book, io.cfg.ofi, partition=part.label, **kw)
+        ofi_core.validate_ofi(feats, part.label)
+        write_table(io.path("ofi_features"), feats.to_arrow())
+        return {"rows": len(feats), "warmed_up": bool(kw)}
+
+    def fxcache() -> Any:
+        io = new_io()
+        cur = _load_bars(io, q)
+        feats = FeatureTable.from_arrow(read_table(io.require("bar_features")))
+        ofi = ofi_core.OfiFeatures.from_arrow(read_table(io.require("ofi_features")))
+        key = io.key("fxcache")
+        ts, groups, dropped = assemble_fxcache_columns(cur, feats, ofi, _book(io, q))
+        path = io.path("fxcache")
+        write_fxcache(
+            path,
+            ts,
+            groups,
+            io.cfg.fxcache.dtype,
+            bytes.fromhex(key),
+            {"partition": part.label, "dropped_rows": dropped, "cache_key": key},
+        )
+        t = time.perf_counter()
+        verify_fxcache(path)
+        return {"rows": len(ts), "dropped": dropped["total"], "verify_s": round(time.perf_counter() - t, 4)}
+
+    fns = {
+        "predecoded_trades": lambda: predecoded("trades"),
+        "predecoded_mbp10": lambda: predecoded("mbp-10"),
+        "roll_calendar": roll_calendar,
+        "bars": bars,
+        "bar_features": bar_features,
+        "ofi_features": ofi_features,
+        "fxcache": fxcache,
+    }
+    if tuple(fns) != tuple(definitions.FEATURE_STAGES):
+        raise RuntimeError(
+            f"stage list {tuple(fns)} != definitions.FEATURE_STAGES {definitions.FEATURE_STAGES}"
+        )
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    info: dict[str, Any] = {}
+    t_all, c_all = time.perf_counter(), _cpu_s()
+    for name, fn in fns.items():
+        t, c = time.perf_counter(), _cpu_s()
+        info[name] = fn()
+        wall[name] = round(time.perf_counter() - t, 4)
+        cpu[name] = round(_cpu_s() - c, 4)
+    total_wall, total_cpu = time.perf_counter() - t_all, _cpu_s() - c_all
+    # What was written: every stage table's column checksums and the fxcache body checksums.
+    io = new_io()
+    outputs: dict[str, Any] = {}
+    for stage in STAGE_OUTPUTS:
+        path = io.path(stage)
+        if stage == "fxcache":
+            h = read_header(path)
+            outputs[stage] = {k: v.hex() for k, v in h.checksums().items()}
+        else:
+            md = read_table(path).schema.metadata or {}
+            outputs[stage] = json.loads(md[b"fx.checksums"])
+    del np
+    return {
+        "seconds": round(total_wall, 4),
+        "cpu_seconds": round(total_cpu, 4),
+        "wall": wall,
+        "cpu": cpu,
+        "import_seconds": round(import_s, 3),
+        "info": info,
+        "outputs": outputs,
+        "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
+    }
+
+
+def _clear_outputs(root: Path, quarter: str) -> None:
+    """Remove the quarter's stage files (not its sidecars), so the next run rebuilds them."""
+    for stage in STAGE_OUTPUTS:
+        d = root / "derived" / stage / SYMBOL
+        for p in d.glob(f"{SYMBOL}_{quarter}.*"):
+            p.unlink()
+
+
+def stages_root(src_main: Path | None = None) -> Path:
+    """A data root of two ``--scale 1`` quarters: 2024-Q3 is main's scale-out quarter (read
+    through a symlink), 2024-Q2 is generated here (quarters are independent in the generator:
+    the same bytes as generating both together). Sidecars and stage files are this root's."""
+    main_q = src_main or Path("/work/main/benchmarks/data/scaleout_scale1")
+    q2 = ensure_market("es_s1_2024q2", market_config([STAGES_PREV], scale=1.0, book_ratio=0.1))
+    root = DATA / "stages_2q"
+    for schema in ("trades", "mbp-10"):
+        for q, src in ((STAGES_PREV, q2), (STAGES_QUARTER, main_q)):
+            link = raw_file(root, schema, q)
+            target_file = raw_file(src, schema, q)
+            if not target_file.is_file():
+                # no main checkout: generate the quarter here
+                gen = ensure_market(f"es_s1_{q.replace('-', '').lower()}", market_config([q], 1.0, 0.1))
+                target_file = raw_file(gen, schema, q)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() and link.resolve() != target_file.resolve():
+                link.unlink()
+            if not link.exists():
+                link.symlink_to(target_file)
+    return root
+
+
 # --- orchestration ---------------------------------------------------------------------------
 
 
@@ -415,8 +638,10 @@ def _log(msg: str) -> None:
     print(f"[features] {msg}", file=sys.stderr, flush=True)
 
 
-def run() -> dict[str, Any]:
-    """All feature measurements; writes benchmarks/results/bench_features.json."""
+def run_scaling() -> dict[str, Any]:
+    """The earlier measurements (1/3/9-quarter roots of the 9-quarter market, a book-heavy quarter,
+    build_bars on one core, numba compile); writes benchmarks/results/bench_features_scaling.json.
+    Needs ~30 GB of benchmark data: ``python -m benchmarks.bench_features --scaling``."""
     from fx_assets.core.sidecar import sidecar_path
 
     load_before = load_average()
@@ -589,27 +814,216 @@ def run() -> dict[str, Any]:
         "figures": figures,
         "targets": targets,
     }
+    write_result("bench_features_scaling", payload)
+    return payload
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    """{min, median, max, rounds} of one figure over the rounds (as benchmarks.common would)."""
+    v = sorted(values)
+    return {"min": v[0], "median": float(statistics.median(v)), "max": v[-1], "rounds": len(v)}
+
+
+def rounds_summary(values: list[float]) -> dict[str, Any]:
+    """benchmarks.common.rounds_summary where the branch adding it is merged, else ``_summary``."""
+    from benchmarks import common
+
+    fn = getattr(common, "rounds_summary", None)
+    return dict(fn(values)) if callable(fn) else _summary(values)
+
+
+def _stages_in(checkout: Path | None, root: Path, quarter: str) -> dict[str, Any]:
+    """``_asset_stages`` in a fresh process, with ``fx_assets`` of this checkout or of
+    ``checkout`` (an export of another commit holding this benchmark module)."""
+    if checkout is None:
+        return in_subprocess(MODULE, "stages", str(root), quarter)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(checkout))
+    proc = subprocess.run(
+        [sys.executable, "-m", MODULE, "stages", str(root), quarter],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{checkout}: stages {quarter} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _comparable(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Output checksums that do not depend on the code version: every stage-table column, and
+    the fxcache's ts / price / value blocks (its trailer holds the cache key, which does)."""
+    return {
+        k: ({r: v[r] for r in ("ts", "price", "values")} if k == "fxcache" else v) for k, v in outputs.items()
+    }
+
+
+def _git_head() -> str:
+    """The commit measured: HEAD, or the CANDIDATE_COMMIT file of an exported checkout."""
+    marker = ROOT.parent / "CANDIDATE_COMMIT"
+    if marker.is_file():
+        return marker.read_text().strip()
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False)
+    return proc.stdout.strip()
+
+
+def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = None) -> dict[str, Any]:
+    """The 7 feature stages of a ``--scale 1`` quarter, warm, through the assets' calls
+    (``_asset_stages``), each round in a fresh process; writes
+    benchmarks/results/bench_features.json. ``quick``: 3 rounds, else 5. ``baseline``: an
+    export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, this module copied
+    into it): its stages run in the same rounds, alternating A B A B, and its outputs must
+    equal this checkout's bit for bit."""
+    n_rounds = rounds or (3 if quick else 5)
+    load_before = load_average()
+    t_start = time.perf_counter()
+    root = stages_root()
+    checkouts: list[Path | None] = [None] if baseline is None else [baseline, None]
+    prev_run: dict[str, Any] = {}
+    for co in checkouts:
+        _log(
+            f"stages ({co or 'this checkout'}): previous quarter {STAGES_PREV} (untimed, builds its outputs)"
+        )
+        prev_run = _stages_in(co, root, STAGES_PREV)
+        # Untimed: builds the quarter's sidecars on first use, and numba recompiles (rewriting
+        # its on-disk cache) any edited module, which would otherwise be charged to round 1.
+        _clear_outputs(root, STAGES_QUARTER)
+        _log(f"stages ({co or 'this checkout'}): {STAGES_QUARTER} untimed warm-up round")
+        _stages_in(co, root, STAGES_QUARTER)
+    runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
+    for r in range(n_rounds):
+        for co in checkouts:
+            _clear_outputs(root, STAGES_QUARTER)
+            _log(
+                f"stages ({co or 'this checkout'}): {STAGES_QUARTER} round {r + 1}/{n_rounds} (fresh process, warm)"
+            )
+            (runs if co is None else base_runs).append(_stages_in(co, root, STAGES_QUARTER))
+    outputs = runs[0]["outputs"]
+    if any(x["outputs"] != outputs for x in runs):
+        raise RuntimeError("stage outputs differ between rounds")
+    if base_runs and any(_comparable(x["outputs"]) != _comparable(outputs) for x in base_runs):
+        raise RuntimeError(f"stage outputs of {baseline} differ from this checkout's")
+    stages = list(runs[0]["wall"])
+    wall = {s: rounds_summary([x["wall"][s] for x in runs]) for s in stages}
+    cpu = {s: rounds_summary([x["cpu"][s] for x in runs]) for s in stages}
+    total = rounds_summary([x["seconds"] for x in runs])
+    total_cpu = rounds_summary([x["cpu_seconds"] for x in runs])
+    ofi_med = wall["ofi_features"]["median"]
+    ab: dict[str, Any] = {}
+    if base_runs:
+        ab = {
+            "checkout": str(baseline),
+            "commit": (baseline / "BASELINE_COMMIT").read_text().strip()
+            if baseline is not None and (baseline / "BASELINE_COMMIT").is_file()
+            else None,
+            "outputs_bit_identical": True,  # checked above (else this run fails)
+            "total_wall_s": rounds_summary([x["seconds"] for x in base_runs]),
+            "total_cpu_s": rounds_summary([x["cpu_seconds"] for x in base_runs]),
+            "wall_s": {st: rounds_summary([x["wall"][st] for x in base_runs]) for st in stages},
+            "cpu_s": {st: rounds_summary([x["cpu"][st] for x in base_runs]) for st in stages},
+        }
+    base = dict(OFI_BASELINE)
+    if ab:
+        base = {
+            "wall_median_s": ab["wall_s"]["ofi_features"]["median"],
+            "cpu_median_s": ab["cpu_s"]["ofi_features"]["median"],
+            "commit": ab["commit"] or "?",
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "how": "the baseline commit's stages in the same run, rounds alternating A B A B",
+        }
+    targets = [
+        target(
+            "7 feature stages warm, wall (median)",
+            total["median"],
+            "<=",
+            3,
+            "s",
+            f"CPU {total_cpu['median']} s; min {total['min']} / max {total['max']} s",
+        ),
+        target(
+            "fxcache stage (assemble + write + verify), wall (median)",
+            wall["fxcache"]["median"],
+            "<=",
+            0.4,
+            "s",
+        ),
+        target(
+            "ofi_features stage: speed-up over the baseline (median wall)",
+            round(base["wall_median_s"] / ofi_med, 2) if base and ofi_med > 0 else None,
+            ">=",
+            2,
+            "x",
+            f"baseline {base.get('wall_median_s')} s on {base.get('commit', '?')[:7]} ({base.get('date')}), "
+            f"now {ofi_med} s",
+        ),
+    ]
+    payload = {
+        "command": command_line(),
+        "commit": _git_head(),
+        "config": {
+            "data_root": str(root),
+            "quarter": STAGES_QUARTER,
+            "previous_quarter": STAGES_PREV,
+            "market": "ES.FUT --scale 1, seed 0, book_ratio 0.1 (2024-Q3: main's scaleout_scale1 raw files)",
+            "stages": stages,
+            "what": "each round in a fresh process: the quarter's 7 stage outputs removed, sidecars kept "
+            "(reused after their checksum verification), numba caches warm, the previous quarter's "
+            "outputs present; each stage through the calls its asset body makes (StageIO keys, "
+            "require_sidecar, the core function, the asset's own checks, write_table with checksums, "
+            "write_fxcache then verify_fxcache)",
+            "pipeline": "PipelineConfig() defaults",
+            "rounds": n_rounds,
+        },
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "wall_seconds": round(time.perf_counter() - t_start, 1),
+        "figures": {
+            "stages_warm": {
+                "total_wall_s": total,
+                "total_cpu_s": total_cpu,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "fxcache_verify_s": rounds_summary([x["info"]["fxcache"]["verify_s"] for x in runs]),
+                "import_s": rounds_summary([x["import_seconds"] for x in runs]),
+                "peak_rss_mib": rounds_summary([x["peak_rss_mib"] for x in runs]),
+                "counts": runs[0]["info"],
+                "rounds": [{"wall": x["wall"], "cpu": x["cpu"], "seconds": x["seconds"]} for x in runs],
+            },
+            "ofi_baseline": base,
+            "baseline_same_run": ab,
+            "previous_quarter_build": {"seconds": prev_run["seconds"], "wall": prev_run["wall"]},
+            "output_checksums": outputs,
+        },
+        "targets": targets,
+    }
     write_result("bench_features", payload)
     return payload
 
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        out = run()
+    if not argv or argv[0].startswith("--"):
+        if argv and argv[0] == "--scaling":
+            out = run_scaling()
+        else:
+            base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
+            out = run(quick="--quick" in argv, baseline=Path(base) if base else None)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
             )
         return
     cmd, *args = argv
-    fn = {
+    fn: dict[str, Callable[..., dict[str, Any]]] = {
         "prepare": _prepare,
         "pipeline": _pipeline,
         "ofi_heavy": _ofi_heavy,
         "bars_core": _bars_core,
         "diagnose": _diagnose,
-    }[cmd]
-    print(json.dumps(fn(*args)))
+        "stages": _asset_stages,
+    }
+    print(json.dumps(fn[cmd](*args)))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from fx_assets.core.fxcache import write_fxcache
 from fx_assets.core.stages import (
     ActiveTrades,
     BookSource,
+    active_trade_flow,
     active_trades,
     assemble_fxcache_columns,
     ofi_warmup_start,
@@ -201,17 +202,20 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
             kw = {
                 "prev_bars": prev_bars,
-                "prev_trades": active_trades(
+                "prev_trades": active_trade_flow(
                     io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start
                 ),
                 "prev_book": prev_book,
             }
+        book = _book(io, part.quarter)
+        # OFI reads the trades' time, size and sign only: the flow, not the full active trades.
+        flow = active_trade_flow(io.sidecar("trades", part.quarter).path, book.calendar)
         feats = _guard(
             part,
             lambda: quarter_ofi(
                 cur,
-                _active(io, part.quarter),
-                _book(io, part.quarter),
+                flow,
+                book,
                 io.cfg.ofi,
                 partition=part.label,
                 **kw,

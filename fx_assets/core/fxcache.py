@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numba import njit
 
 from fx_assets.core import checksum
 from fx_assets.core.atomic import atomic_path
@@ -123,14 +124,6 @@ def _decode(block: npt.NDArray[Any], dtype: str) -> F64:
     if dtype == "bf16":
         return bf16_bits_to_f64(block)
     return np.asarray(block, dtype=np.float64)
-
-
-def _encode(block: F64, dtype: str) -> npt.NDArray[Any]:
-    # Overflow to inf is expected here and caught by the finite check that follows.
-    with np.errstate(over="ignore", invalid="ignore"):
-        if dtype == "bf16":
-            return f32_to_bf16_bits(block)
-        return np.asarray(block, dtype=STORAGE[dtype])
 
 
 # --- header / schema ------------------------------------------------------------------------
@@ -308,11 +301,123 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"fxcache meta: {type(obj).__name__} is not JSON serialisable")
 
 
-def _encode_chunk(block: F64, dtype: str, row_width: int) -> npt.NDArray[Any]:
-    """Rows of a block in storage form, padding columns zero."""
-    out = np.zeros((block.shape[0], row_width), dtype=STORAGE[dtype])
-    out[:, : block.shape[1]] = _encode(block, dtype)
-    return out
+def _readonly(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view: every column of a block then has one numba type (mapped table columns
+    are read-only already), so the fill kernel takes them as one homogeneous tuple."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+class ColumnBlock:
+    """One group's columns as separate 1-D arrays, not stacked, with an optional row selection.
+
+    :func:`write_fxcache` copies them chunk by chunk straight into their place in the file's
+    row-major block, so no [n, k] copy of the group (nor of its selected rows) is ever made.
+    Reads like the [n, k] float64 array it stands for (``shape``, indexing, ``np.asarray``), which
+    stacks it on demand: for callers that inspect an assembly, not for the writer.
+    """
+
+    def __init__(self, columns: Sequence[npt.NDArray[Any]], n_rows: int, rows: I64 | None = None) -> None:
+        # float64 columns (a view when they already are): values are converted to float64 first,
+        # then to the stored dtype, exactly as a stacked float64 block would be.
+        self.columns = tuple(_readonly(np.ascontiguousarray(c, dtype=np.float64)) for c in columns)
+        for c in self.columns:
+            if c.ndim != 1 or c.shape[0] != n_rows:
+                raise FxDataError(f"ColumnBlock: column of shape {c.shape}, expected ({n_rows},)")
+        self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        self.n_rows = n_rows
+        self.dtype = np.dtype(np.float64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.n_rows if self.rows is None else int(self.rows.shape[0])
+        return (n, len(self.columns))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def column_rows(self, c: int, lo: int, hi: int) -> F64:
+        """Rows ``lo:hi`` (of the selection) of column ``c`` as float64."""
+        col = self.columns[c]
+        part = col[lo:hi] if self.rows is None else col[self.rows[lo:hi]]
+        return np.asarray(part, dtype=np.float64)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[Any]:
+        n, k = self.shape
+        out = np.empty((n, k), dtype=np.float64)
+        for c in range(k):
+            out[:, c] = self.column_rows(c, 0, n)
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, item: Any) -> Any:
+        return np.asarray(self)[item]
+
+    @property
+    def T(self) -> npt.NDArray[Any]:
+        return np.asarray(self).T
+
+
+_FILL_ROWS = 2048  # rows per block: a block of the output stays in cache while each column is written
+
+
+@njit(cache=True, nogil=True)
+def _fill_columns_nb(cols, rows, lo, hi, out, c0):
+    """``out[r - lo, c0 + c] = cols[c][rows[r]]`` (``rows`` empty: ``cols[c][r]``) for
+    ``r`` in ``[lo, hi)``, block by block; the float64 value is cast to ``out``'s dtype on
+    assignment (round to nearest, as numpy's cast)."""
+    sel = rows.shape[0] > 0
+    for b0 in range(lo, hi, _FILL_ROWS):
+        b1 = min(hi, b0 + _FILL_ROWS)
+        for c in range(len(cols)):
+            col = cols[c]
+            for r in range(b0, b1):
+                out[r - lo, c0 + c] = col[rows[r]] if sel else col[r]
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def _fill_chunk(
+    out: npt.NDArray[Any], parts: Sequence[npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
+) -> None:
+    """Rows ``lo:hi`` of the groups ``parts`` (side by side) into ``out[: hi - lo, :k]``: each
+    value as float64 first, then cast to ``out``'s dtype on assignment (the same rounding as
+    converting a stacked float64 block)."""
+    c0 = 0
+    # Overflow to inf (f32) is expected here and caught by the finite check that follows.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for g in parts:
+            if isinstance(g, ColumnBlock):
+                if g.columns:
+                    rows = _NO_ROWS if g.rows is None else g.rows
+                    _fill_columns_nb(g.columns, rows, lo, hi, out, c0)
+                c0 += len(g.columns)
+            else:
+                k = g.shape[1]
+                out[: hi - lo, c0 : c0 + k] = np.asarray(g[lo:hi], dtype=np.float64)
+                c0 += k
+
+
+def _all_finite(stored: npt.NDArray[Any], dtype: str) -> bool:
+    if dtype == "bf16":  # exponent bits all ones: inf or NaN
+        return not bool(np.any((stored & np.uint16(0x7F80)) == np.uint16(0x7F80)))
+    return bool(np.isfinite(stored).all())
+
+
+def _any_nonzero(g: npt.NDArray[Any] | ColumnBlock) -> bool:
+    if isinstance(g, ColumnBlock):
+        n = g.shape[0]
+        for c in range(len(g.columns)):
+            for lo in range(0, n, DEFAULT_CHUNK_ROWS):
+                if np.any(g.column_rows(c, lo, min(n, lo + DEFAULT_CHUNK_ROWS)) != 0):
+                    return True
+        return False
+    return bool(np.any(g != 0))
 
 
 class _HashingWriter:
@@ -373,15 +478,17 @@ def write_fxcache(
         raise FxDataError(f"{path}: unknown column groups {sorted(unknown)} (expected {list(GROUPS)})")
 
     names_of: dict[str, list[str]] = {}
-    arrays: dict[str, npt.NDArray[Any]] = {}
+    arrays: dict[str, npt.NDArray[Any] | ColumnBlock] = {}
     seen: set[str] = set()
     for group in GROUPS:
         if group not in columns:
             continue
         names, values = columns[group]
         names = [str(x) for x in names]
-        arr = np.asarray(values)
-        if arr.ndim == 1 and len(names) == 1:
+        arr: npt.NDArray[Any] | ColumnBlock = (
+            values if isinstance(values, ColumnBlock) else np.asarray(values)
+        )
+        if arr.ndim == 1 and len(names) == 1 and isinstance(arr, np.ndarray):
             arr = arr.reshape(-1, 1)
         if arr.ndim != 2 or arr.shape != (n, len(names)):
             raise FxDataError(
@@ -407,7 +514,7 @@ def write_fxcache(
     row_width, price_width = padded_width(nf + no), padded_width(npx)
     has_ofi = False
     if no:
-        has_ofi = bool(np.any(arrays["ofi"] != 0))
+        has_ofi = _any_nonzero(arrays["ofi"])
         if not has_ofi:
             raise FxDataError(
                 f"{path}: OFI columns {names_of['ofi']} are all zero; "
@@ -437,21 +544,32 @@ def write_fxcache(
         w.write(ts_arr.astype("<i8", copy=False).tobytes())
         w.write(bytes(px_off - (ts_off + 8 * n)))
         w.end("ts")
+        # Each chunk is written into one reused buffer in its stored form (padding columns stay
+        # zero), checked, hashed and written: the groups' columns go straight to their place.
         w.begin()
+        buf = np.zeros((min(chunk_rows, n), price_width), dtype=np.float64)
         for lo in range(0, n, chunk_rows):
             hi = min(n, lo + chunk_rows)
-            block = np.asarray(arrays["price"][lo:hi], dtype=np.float64) if npx else np.zeros((hi - lo, 0))
-            _check_finite_block(block, price_specs, lo, path, FxDataError)
-            w.write(_encode_chunk(block, PRICE_DTYPE, price_width).data.cast("B"))
+            stored = buf[: hi - lo]
+            if npx:
+                _fill_chunk(stored, [arrays["price"]], lo, hi)
+                if not _all_finite(stored[:, :npx], PRICE_DTYPE):
+                    _check_finite_block(stored[:, :npx], price_specs, lo, path, FxDataError)
+            w.write(stored.data.cast("B"))
         w.write(bytes(val_off - (px_off + n * price_width * 8)))
         w.end("price")
         w.begin()
+        value_parts = [arrays[g] for g in VALUE_GROUPS if g in arrays]
+        # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
+        fill_dtype = STORAGE["f32"] if dtype == "bf16" else STORAGE[dtype]
+        buf = np.zeros((min(chunk_rows, n), row_width), dtype=fill_dtype)
         for lo in range(0, n, chunk_rows):
             hi = min(n, lo + chunk_rows)
-            parts = [np.asarray(arrays[g][lo:hi], dtype=np.float64) for g in VALUE_GROUPS if g in arrays]
-            block = np.concatenate(parts, axis=1) if parts else np.zeros((hi - lo, 0))
-            stored = _encode_chunk(block, dtype, row_width)
-            _check_finite_block(_decode(stored[:, : nf + no], dtype), value_specs, lo, path, FxDataError)
+            filled = buf[: hi - lo]
+            _fill_chunk(filled, value_parts, lo, hi)
+            stored = f32_to_bf16_bits(filled) if dtype == "bf16" else filled
+            if not _all_finite(stored[:, : nf + no], dtype):
+                _check_finite_block(_decode(stored[:, : nf + no], dtype), value_specs, lo, path, FxDataError)
             w.write(stored.data.cast("B"))
         w.write(bytes(tr_off - (val_off + n * row_width * itemsize)))
         w.end("values")
@@ -871,8 +989,15 @@ def _validate_values(fc: FxCache, verify_finite: bool, chunk_rows: int) -> None:
         if bad.size:
             raise FxCacheError(f"{path}: ts_close decreases at bar {max(0, lo - 1) + int(bad[0]) + 1}")
     if verify_finite:
-        for lo, block in fc.iter_chunks(chunk_rows):
-            _check_finite_block(block, fc.columns, lo, path, FxCacheError)
+        # Scan the stored blocks as they are (a NaN or inf survives every storage dtype); only
+        # a chunk holding one is decoded, to name its first bad column and bar.
+        for lo in range(0, h.n_bars, chunk_rows):
+            hi = min(h.n_bars, lo + chunk_rows)
+            if _all_finite(fc.values[lo:hi, : h.n_values], h.dtype) and _all_finite(
+                fc.prices[lo:hi, : h.n_price], PRICE_DTYPE
+            ):
+                continue
+            _check_finite_block(fc.decoded(slice(lo, hi)), fc.columns, lo, path, FxCacheError)
     # has_ofi honesty: flag set <=> OFI columns exist and are not all zero.
     ofi_nonzero = False
     if h.n_ofi:

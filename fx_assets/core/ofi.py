@@ -505,10 +505,11 @@ class BookArrays:
 
 @dataclass(frozen=True)
 class TradeArrays:
-    """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}."""
+    """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}.
+    ``price`` is not read by the kernels (None: not loaded, see ``stages.TradeFlow``)."""
 
     ts: I64
-    price: F64
+    price: F64 | None
     size: F64
     sign: npt.NDArray[np.int8]
 
@@ -549,14 +550,15 @@ class OfiFeatures:
         if b"fx.ofi_config" not in md:
             raise FxDataError("ofi_features table has no fx.ofi_config metadata")
         cfg = OfiConfig.model_validate(json.loads(md[b"fx.ofi_config"]))
+        # Views of the (memory-mapped) table where the type already matches: no copies.
         cols = {
-            n: table.column(n).to_numpy().astype(np.float64)
+            n: np.asarray(table.column(n).to_numpy(), dtype=np.float64)
             for n in table.column_names
             if n not in ("ts_close", "bars_since_reset")
         }
         return cls(
-            ts_close=table.column("ts_close").to_numpy().astype(np.int64),
-            bars_since_reset=table.column("bars_since_reset").to_numpy().astype(np.int32),
+            ts_close=np.asarray(table.column("ts_close").to_numpy(), dtype=np.int64),
+            bars_since_reset=np.asarray(table.column("bars_since_reset").to_numpy(), dtype=np.int32),
             columns=cols,
             config=cfg,
             tick_size=float(md.get(b"fx.tick_size", b"nan")),

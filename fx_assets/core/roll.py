@@ -250,16 +250,57 @@ def _volume_threads(n: int) -> int:
     return max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
 
 
+@njit(cache=True, nogil=True)
+def _is_sorted_nb(ts: npt.NDArray[np.int64]) -> bool:
+    for i in range(1, ts.shape[0]):
+        if ts[i] < ts[i - 1]:
+            return False
+    return True
+
+
+def _last_session_volume(
+    path: Path | str, ids: npt.NDArray[np.int64], before: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint32], npt.NDArray[np.float64]] | None:
+    """The rows of ``_sidecar_session_volume(path, ids)`` of its last session before session
+    day ``before``, from the records of that session only (a previous quarter seeds the roll
+    rule with its last session: no pass over the whole quarter). Sessions are read from a tail
+    window of the time-ordered records, widened until it holds one, then from that session's
+    own open; None when the sidecar is not in ``ts_recv`` order (the caller then scans it all)."""
+    from fx_assets.core.calendar import session_bounds_utc
+    from fx_assets.core.sidecar import sidecar_columns
+
+    ts = sidecar_columns(path, ["ts_recv"])["ts_recv"]
+    if not _is_sorted_nb(ts):
+        return None
+    open_before = int(session_bounds_utc(np.array([before], np.int32))[0][0])
+    hi = int(np.searchsorted(ts, open_before, side="left"))  # records before: sessions < before
+    days = 4
+    while True:
+        lo = int(np.searchsorted(ts, open_before - days * 86_400 * 10**9, side="left"))
+        sess, iid, vol = _sidecar_session_volume(path, ids, lo, hi)
+        if sess.size or lo == 0:
+            break
+        days *= 4
+    if sess.size == 0:
+        return sess, iid, vol
+    last = int(sess.max())
+    # the whole of that session: every record from its open (ts order) to ``hi``
+    lo = int(np.searchsorted(ts, int(session_bounds_utc(np.array([last], np.int32))[0][0]), side="left"))
+    sess, iid, vol = _sidecar_session_volume(path, ids, lo, hi)
+    take = sess == last
+    return sess[take], iid[take], vol[take]
+
+
 def _sidecar_session_volume(
-    path: Path | str, ids: npt.NDArray[np.int64]
+    path: Path | str, ids: npt.NDArray[np.int64], lo: int = 0, hi: int | None = None
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint32], npt.NDArray[np.float64]]:
-    """Traded volume per (session, instrument) of a trades sidecar with at least one trade:
-    one numba pass over the memory-mapped columns, no per-trade temporaries (``session_day``
-    is never materialised). Rows in (session, id) order."""
+    """Traded volume per (session, instrument) of a trades sidecar (its records ``lo:hi``) with
+    at least one trade: one numba pass over the memory-mapped columns, no per-trade
+    temporaries (``session_day`` is never materialised). Rows in (session, id) order."""
     from fx_assets.core.calendar import session_table, ts_range
     from fx_assets.core.sidecar import sidecar_columns
 
-    cols = sidecar_columns(path, ["ts_recv", "instrument_id", "size"])
+    cols = {k: v[lo:hi] for k, v in sidecar_columns(path, ["ts_recv", "instrument_id", "size"]).items()}
     ts = cols["ts_recv"]
     if ts.size == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.uint32), np.zeros(0, np.float64)
@@ -330,11 +371,14 @@ def roll_calendar_from_sidecars(
         return _roll_calendar(parts, symbols, confirm_sessions)
     first = int(cur[0].min())
     if prev_trades_sidecar is not None:
-        p_sess, p_iid, p_vol = _sidecar_session_volume(prev_trades_sidecar, ids)
-        earlier = p_sess[p_sess < first]
-        if earlier.size:
-            take = p_sess == int(earlier.max())
-            parts.insert(0, (p_sess[take], p_iid[take], p_vol[take]))
+        tail = _last_session_volume(prev_trades_sidecar, ids, first)
+        if tail is None:  # not in time order: every record can be of any session
+            p_sess, p_iid, p_vol = _sidecar_session_volume(prev_trades_sidecar, ids)
+            earlier = p_sess[p_sess < first]
+            take = p_sess == (int(earlier.max()) if earlier.size else first)
+            tail = (p_sess[take], p_iid[take], p_vol[take]) if earlier.size else None
+        if tail is not None and tail[0].size:
+            parts.insert(0, tail)
             symbols += prev_symbols
     cal = _roll_calendar(parts, symbols, confirm_sessions)
     keep = cal.session_day >= first

@@ -46,10 +46,11 @@ from numba import njit
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
-from fx_assets.core.calendar import interval_of, session_day, session_table, ts_range
-from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE, px_to_float
+from fx_assets.core.calendar import interval_of, session_table, ts_range
+from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.roll import RollCalendar, active_mask, roll_calendar_from_sidecars
+from fx_assets.core.fxcache import ColumnBlock
+from fx_assets.core.roll import RollCalendar, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
 from fx_assets.core.tables import read_table, write_table  # noqa: F401  (stage table IO, re-exported)
 
@@ -350,6 +351,94 @@ def active_trades(
     )
 
 
+@dataclass(frozen=True)
+class TradeFlow:
+    """The part of :class:`ActiveTrades` that OFI reads: the same trades (``ts_recv`` order),
+    their size (contracts) and aggressor sign, without price, session and contract columns."""
+
+    ts: npt.NDArray[np.int64]
+    size: npt.NDArray[np.float64]
+    sign: npt.NDArray[np.int8]
+    n_source: int
+    after_ts: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _flow_write_nb(
+    ts: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    keep: npt.NDArray[np.bool_],
+    lo: int,
+    hi: int,
+    j: int,
+    o_ts: I64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+) -> bool:
+    """``_active_write_nb`` for ts, size and sign only (the same values)."""
+    j0 = j
+    ordered = True
+    for i in range(lo, hi):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j > j0 and t < o_ts[j - 1]:
+            ordered = False
+        o_ts[j] = t
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        j += 1
+    return ordered
+
+
+@njit(cache=True)
+def _flow_outputs_nb(n: int) -> tuple[I64, F64, npt.NDArray[np.int8]]:
+    return np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int8)
+
+
+def active_trade_flow(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> TradeFlow:
+    """``active_trades`` reduced to what OFI reads (ts, size, sign): the same selection and
+    values, half the output to write."""
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
+    ts = cols["ts_recv"]
+    bounds, act, _ = _active_table(calendar, ts)
+    n = int(ts.shape[0])
+    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    keep = _zeros_bool_nb(n)
+    after = np.iinfo(np.int64).min if after_ts is None else int(after_ts)
+
+    def run(fn: Callable[[int], _T]) -> list[_T]:
+        if parts == 1:
+            return [fn(0)]
+        with ThreadPoolExecutor(parts) as pool:
+            return list(pool.map(fn, range(parts)))
+
+    iid, price, size = cols["instrument_id"], cols["price"], cols["size"]
+    counts = run(
+        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
+    )
+    offsets = [0, *itertools.accumulate(counts)]
+    cnt = offsets[-1]
+    o_ts, o_sz, o_sg = _flow_outputs_nb(cnt)
+    side = cols["side"]
+    oks = run(
+        lambda p: _flow_write_nb(ts, size, side, keep, cuts[p], cuts[p + 1], offsets[p], o_ts, o_sz, o_sg)
+    )
+    ordered = all(oks) and all(o_ts[j] >= o_ts[j - 1] for j in offsets[1:-1] if 0 < j < cnt)
+    if not ordered:
+        raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
+    return TradeFlow(ts=o_ts, size=o_sz, sign=o_sg, n_source=n, after_ts=after_ts)
+
+
 def quarter_bars(trades: ActiveTrades, config: BarConfig) -> BarTable:
     return build_bars(
         trades.ts, trades.price, trades.size, trades.sign, trades.session, trades.instrument_id, config
@@ -457,15 +546,21 @@ def _gather_book_nb(
                 col = bid_px[lvl] if side == 0 else ask_px[lvl]
                 out = o_bpx if side == 0 else o_apx
                 rank = side * levels + lvl
+                # The grid check (a 64-bit modulo, the costliest step here) runs once per run of
+                # equal prices: a level's price mostly repeats from record to record, and a
+                # repeat of an off-grid price was already recorded at its first row.
+                last = UNDEF_PRICE
                 for r in range(b0, b1):
                     v = col[idx[r]]
                     if v == UNDEF_PRICE:
                         out[row0 + r, lvl] = np.nan
                     else:
                         out[row0 + r, lvl] = v / PRICE_DIVISOR
-                        if tick_units > 0 and v % tick_units != 0 and rank < bad_rank[blk]:
-                            bad_rank[blk] = rank  # rows ascend within a block: the first is kept
-                            bad_pos[blk] = r
+                        if tick_units > 0 and v != last:
+                            last = v
+                            if v % tick_units != 0 and rank < bad_rank[blk]:
+                                bad_rank[blk] = rank  # rows ascend within a block: the first is kept
+                                bad_pos[blk] = r
             c1 = bid_sz[lvl]
             c2 = ask_sz[lvl]
             c3 = bid_ct[lvl]
@@ -512,17 +607,23 @@ def _book_rows(
     levels: int,
     tick_units: int = 0,
     buffers: _BookBuffers | None = None,
+    tables: Sequence[tuple[I64, I64]] | None = None,
 ) -> ofi_core.BookArrays:
     """Active-contract book rows of the record ranges ``[lo, hi)`` of each source, in order, as
     [n, ``levels``] float matrices written in place (no per-column temporaries, no second
     concatenation copy; into ``buffers`` when given). With ``tick_units`` > 0, a defined price
-    off the tick grid raises (naming file, column, record and ts_recv)."""
+    off the tick grid raises (naming file, column, record and ts_recv). ``tables``: each
+    part's ``_active_table`` (bounds, active ids) over its whole source, built once by the
+    caller (any table covering the records gives the same selection)."""
     picked: list[tuple[BookSource, dict[str, np.ndarray], I64]] = []
-    for src, c, lo, hi in parts:
+    for p, (src, c, lo, hi) in enumerate(parts):
         if hi <= lo:
             continue
         ts = c["ts_recv"]
-        bounds, act, _ = _active_table(src.calendar, ts[lo:hi])
+        if tables is None:
+            bounds, act, _ = _active_table(src.calendar, ts[lo:hi])
+        else:
+            bounds, act = tables[p]
         idx = np.empty(hi - lo, dtype=np.int64)
         n = _select_active_nb(ts, c["instrument_id"], bounds, act, lo, hi, idx)
         picked.append((src, c, idx[:n]))
@@ -691,9 +792,9 @@ def _replay_start(j: int, has_snap: npt.NDArray[np.bool_], inst: npt.NDArray[np.
     return j
 
 
-def _trade_slices(sources: Sequence[ActiveTrades], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
+def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
     """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
-    when one source holds them, else a copy of only those trades."""
+    when one source holds them, else a copy of only those trades (no prices: OFI reads none)."""
     spans = [
         (t, int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
         for t in sources
@@ -701,23 +802,21 @@ def _trade_slices(sources: Sequence[ActiveTrades], lo_t: int, hi_t: int) -> ofi_
     got = [g for g in spans if g[2] > g[1]]
     if len(got) <= 1:
         t, lo, hi = got[0] if got else spans[-1]
-        return ofi_core.TradeArrays(t.ts[lo:hi], t.price[lo:hi], t.size[lo:hi], t.sign[lo:hi])
-    return ofi_core.TradeArrays(
-        *(
-            np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got])
-            for f in ("ts", "price", "size", "sign")
-        )
+        return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
+    ts, size, sign = (
+        np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got]) for f in ("ts", "size", "sign")
     )
+    return ofi_core.TradeArrays(ts, None, size, sign)
 
 
 def quarter_ofi(
     bars: BarTable,
-    trades: ActiveTrades,
+    trades: ActiveTrades | TradeFlow,
     book: BookSource,
     config: ofi_core.OfiConfig,
     *,
     prev_bars: BarTable | None = None,
-    prev_trades: ActiveTrades | None = None,
+    prev_trades: ActiveTrades | TradeFlow | None = None,
     prev_book: BookSource | None = None,
     book_chunk: int = DEFAULT_BOOK_CHUNK,
     partition: str = "?",
@@ -741,7 +840,7 @@ def quarter_ofi(
     tick = config.tick_size
     tick_units = round(tick * 1e9)
     sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
-    trade_sources: list[ActiveTrades] = []
+    trade_sources: list[ActiveTrades | TradeFlow] = []
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
     if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
@@ -788,6 +887,7 @@ def quarter_ofi(
 
     outs: list[ofi_core.OfiFeatures] = []
     buffers = _BookBuffers()
+    tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
     releasers = [PageReleaser(list(c.values())) for _, c in sources]
     for b0, b1 in itertools.pairwise(bounds):
         w0 = (
@@ -804,7 +904,7 @@ def quarter_ofi(
             hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
             parts.append((src, c, lo, hi))
             rel.release_before(lo)  # later chunks start at or after this window
-        book_arr = _book_rows(parts, levels, tick_units, buffers)
+        book_arr = _book_rows(parts, levels, tick_units, buffers, tables)
         outs.append(
             ofi_core.compute_ofi_features(
                 book_arr,
@@ -891,6 +991,50 @@ class PageReleaser:
 # --- fxcache assembly -----------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True)
+def _mid_asof_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    bid: I64,
+    ask: I64,
+    bounds: I64,
+    act: I64,
+    q: I64,
+    order: I64,
+    q_slot: I64,
+    slot_iid: I64,
+    out: F64,
+) -> None:
+    """One forward merge of the book (ts order) with the queries (in ``order``: ascending
+    time): ``out[j]`` = mid of the last valid active snapshot with ``ts_recv <= q[j]`` of
+    instrument ``slot_iid[q_slot[j]]`` (of any instrument when ``slot_iid`` is empty); NaN
+    before the first. Mid as ``(px_to_float(bid) + px_to_float(ask)) / 2``."""
+    n_slots = slot_iid.shape[0]
+    last = np.full(max(n_slots, 1), np.nan)
+    n = ts.shape[0]
+    i = 0
+    k = 0
+    for r in range(order.shape[0]):
+        jq = order[r]
+        t = q[jq]
+        while i < n and ts[i] <= t:
+            b = bid[i]
+            a = ask[i]
+            if b != UNDEF_PRICE and a != UNDEF_PRICE and b > 0 and b <= a:
+                ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+                if ok:
+                    mid = (b / PRICE_DIVISOR + a / PRICE_DIVISOR) / 2.0
+                    if n_slots == 0:
+                        last[0] = mid
+                    else:
+                        for s in range(n_slots):
+                            if slot_iid[s] == iid[i]:
+                                last[s] = mid
+                                break
+            i += 1
+        out[jq] = last[q_slot[jq]]
+
+
 def book_mid_asof(
     book: BookSource,
     ts_query: npt.NDArray[np.int64],
@@ -899,53 +1043,38 @@ def book_mid_asof(
     instrument_id: npt.NDArray[np.uint32] | None = None,
 ) -> F64:
     """Mid price of the active contract's book as of each query time (last valid snapshot with
-    ``ts_recv <= t``; NaN before the first). Streams the book in chunks of ``chunk`` records.
+    ``ts_recv <= t``; NaN before the first): one numba merge of the memory-mapped book columns
+    with the queries, no per-record temporaries (``chunk`` is accepted for compatibility).
 
     ``instrument_id`` (one per query, optional): only snapshots of that contract count. A bar
     right after a roll must not get the previous contract's mid (the last active snapshot
     before its open is usually the old contract's, from the session before)."""
+    del chunk
     cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
     ts = cols["ts_recv"]
-    q = np.asarray(ts_query, dtype=np.int64)
+    q = np.ascontiguousarray(ts_query, dtype=np.int64)
     out = np.full(q.shape[0], np.nan)
-    last_ts: list[np.ndarray] = []
-    last_mid: list[np.ndarray] = []
-    last_iid: list[np.ndarray] = []
-    for lo in range(0, ts.shape[0], chunk):
-        hi = min(lo + chunk, ts.shape[0])
-        t = ts[lo:hi]
-        keep = active_mask(session_day(t), cols["instrument_id"][lo:hi], book.calendar)
-        b = cols["bid_px_00"][lo:hi]
-        a = cols["ask_px_00"][lo:hi]
-        keep &= (b != UNDEF_PRICE) & (a != UNDEF_PRICE) & (b > 0) & (b <= a)
-        if keep.any():
-            last_ts.append(t[keep])
-            last_mid.append((px_to_float(b[keep]) + px_to_float(a[keep])) / 2.0)
-            last_iid.append(cols["instrument_id"][lo:hi][keep])
-        # Only the valid snapshots are kept: 20 bytes each, far less than the 368-byte records.
-    if not last_ts:
-        return out
-    vt = np.concatenate(last_ts)
-    vm = np.concatenate(last_mid)
     if instrument_id is None:
-        groups = [(np.arange(q.shape[0]), vt, vm)]
+        slot_iid = np.empty(0, np.int64)
+        q_slot = np.zeros(q.shape[0], np.int64)
     else:
         qi = np.asarray(instrument_id, dtype=np.uint32)
         if qi.shape != q.shape:
             raise FxDataError(
                 f"book_mid_asof: instrument_id {qi.shape} and ts_query {q.shape} differ in shape"
             )
-        vi = np.concatenate(last_iid)
-        groups = []
-        for iid in np.unique(qi):
-            sel = vi == iid
-            groups.append((np.flatnonzero(qi == iid), vt[sel], vm[sel]))
-    for rows, gt, gm in groups:
-        if gt.size == 0:
-            continue
-        idx = np.searchsorted(gt, q[rows], side="right") - 1
-        ok = idx >= 0
-        out[rows[ok]] = gm[idx[ok]]
+        uniq, inv = np.unique(qi, return_inverse=True)
+        slot_iid = uniq.astype(np.int64)
+        q_slot = inv.astype(np.int64).reshape(-1)
+    if ts.shape[0] == 0 or q.shape[0] == 0:
+        return out
+    ordered = q.shape[0] < 2 or bool(np.all(q[1:] >= q[:-1]))
+    order = np.arange(q.shape[0], dtype=np.int64) if ordered else np.argsort(q, kind="stable")
+    bounds, act, _ = _active_table(book.calendar, ts)
+    _mid_asof_nb(
+        ts, cols["instrument_id"], cols["bid_px_00"], cols["ask_px_00"], bounds, act, q, order,
+        q_slot, slot_iid, out,
+    )  # fmt: skip
     return out
 
 
@@ -960,6 +1089,16 @@ def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
     return codes[inv]
 
 
+def _all_finite_rows(cols: Sequence[np.ndarray], n: int) -> npt.NDArray[np.bool_]:
+    """Per row: is every column's value finite (True for no columns)."""
+    ok = np.ones(n, dtype=np.bool_)
+    fin = np.empty(n, dtype=np.bool_)
+    for c in cols:
+        np.isfinite(c, out=fin)
+        ok &= fin
+    return ok
+
+
 PRICE_COLUMNS = ("open", "high", "low", "close", "vwap", "mid_open", "contract")
 
 
@@ -968,8 +1107,9 @@ def assemble_fxcache_columns(
     features: FeatureTable,
     ofi: ofi_core.OfiFeatures,
     book: BookSource,
-) -> tuple[npt.NDArray[np.int64], dict[str, tuple[list[str], F64]], dict[str, int]]:
-    """(ts_close, {group: (names, values)}, dropped-row counts) for ``write_fxcache``.
+) -> tuple[npt.NDArray[np.int64], dict[str, tuple[list[str], ColumnBlock]], dict[str, int]]:
+    """(ts_close, {group: (names, values)}, dropped-row counts) for ``write_fxcache``; each
+    group's values a :class:`fxcache.ColumnBlock` (its columns and the kept rows, not stacked).
 
     Rows with any undefined value are dropped and counted: the first quarter's warm-up and the
     bars right after a roll, where the OFI state was reset (VPIN, Kyle λ, deltas). Nothing
@@ -982,38 +1122,36 @@ def assemble_fxcache_columns(
         )
     if not (np.array_equal(features.ts_close, bars.ts_close) and np.array_equal(ofi.ts_close, bars.ts_close)):
         raise FxDataError("fxcache: bars, bar_features and ofi_features are not aligned on ts_close")
-    price = (
-        np.column_stack(
-            [
-                bars.open,
-                bars.high,
-                bars.low,
-                bars.close,
-                bars.vwap,
-                book_mid_asof(book, bars.ts_open, instrument_id=bars.instrument_id),
-                contract_codes(bars, book.calendar),
-            ]
-        )
-        if n
-        else np.zeros((0, len(PRICE_COLUMNS)))
-    )
+    price_cols = [
+        bars.open,
+        bars.high,
+        bars.low,
+        bars.close,
+        bars.vwap,
+        book_mid_asof(book, bars.ts_open, instrument_id=bars.instrument_id),
+        contract_codes(bars, book.calendar),
+    ]
     f_names = list(features.columns)
     o_names = list(ofi.columns)
-    feat = np.column_stack([features.columns[k] for k in f_names]) if n else np.zeros((0, len(f_names)))
-    ofiv = np.column_stack([ofi.columns[k] for k in o_names]) if n else np.zeros((0, len(o_names)))
-    ok_f = np.isfinite(feat).all(axis=1)
-    ok_o = np.isfinite(ofiv).all(axis=1)
-    ok_p = np.isfinite(price).all(axis=1)
+    f_cols = [np.asarray(features.columns[k]) for k in f_names]
+    o_cols = [np.asarray(ofi.columns[k]) for k in o_names]
+    ok_f = _all_finite_rows(f_cols, n)
+    ok_o = _all_finite_rows(o_cols, n)
+    ok_p = _all_finite_rows(price_cols, n)
     keep = ok_f & ok_o & ok_p
+    n_drop = int((~keep).sum())
     dropped = {
         "bar_features_undefined": int((~ok_f).sum()),
         "ofi_undefined": int((~ok_o).sum()),
         "no_book_at_open": int((~ok_p).sum()),
-        "total": int((~keep).sum()),
+        "total": n_drop,
     }
-    groups = {
-        "feature": (f_names, feat[keep]),
-        "price": (list(PRICE_COLUMNS), price[keep]),
-        "ofi": (o_names, ofiv[keep]),
+    # The kept rows are selected as the writer copies each column into the file: no stacked
+    # [n, k] group and no boolean-indexed copy of one.
+    rows = np.flatnonzero(keep) if n_drop else None
+    groups: dict[str, tuple[list[str], ColumnBlock]] = {
+        "feature": (f_names, ColumnBlock(f_cols, n, rows)),
+        "price": (list(PRICE_COLUMNS), ColumnBlock(price_cols, n, rows)),
+        "ofi": (o_names, ColumnBlock(o_cols, n, rows)),
     }
     return bars.ts_close[keep], groups, dropped

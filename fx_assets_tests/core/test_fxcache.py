@@ -289,7 +289,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest
     write(p, "f32")
     before = p.read_bytes()
     calls = {"n": 0}
-    real = fxcache._encode_chunk
+    real = fxcache._fill_chunk
 
     def failing(*args: Any, **kw: Any) -> Any:
         calls["n"] += 1
@@ -297,7 +297,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest
             raise RuntimeError("disk on fire")
         return real(*args, **kw)
 
-    monkeypatch.setattr(fxcache, "_encode_chunk", failing)
+    monkeypatch.setattr(fxcache, "_fill_chunk", failing)
     cols = make_columns(seed=1)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_fxcache(p, make_ts(), cols, "f32", KEY, {}, chunk_rows=100)
@@ -313,13 +313,13 @@ def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest
 
 def test_streaming_writer_memory_is_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
-    real = fxcache._encode_chunk
+    real = fxcache._fill_chunk
 
     def spy(block: np.ndarray, *a: Any) -> Any:
         sizes.append(block.shape[0])
         return real(block, *a)
 
-    monkeypatch.setattr(fxcache, "_encode_chunk", spy)
+    monkeypatch.setattr(fxcache, "_fill_chunk", spy)
     write(tmp_path / "c.fxcache", "f64", chunk_rows=128)
     assert max(sizes) == 128 and sum(sizes) == 2 * N  # the price block, then the value block
 

@@ -273,3 +273,36 @@ def test_roll_calendar_from_sidecars_seeds_from_previous_quarter(tmp_path: Path)
         (day("2020-12-30"), other, 5482)
     ]
     assert seeded.to_arrow().schema.equals(ROLL_SCHEMA)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_last_session_of_previous_quarter_from_its_tail(tmp_path: Path, ordered: bool) -> None:
+    """The previous quarter's last session before ``before``, read from the tail of its sidecar,
+    equals that session's rows of the full scan: after a three-week gap (the tail window has to
+    widen), with trades of that session on both sides of midnight UTC, and for a sidecar out of
+    time order (full scan)."""
+    from fx_assets.core.roll import _last_session_volume, _sidecar_session_volume
+
+    rows = [
+        ("2020-11-02T14:00", 5482, 7),
+        ("2020-11-30T23:30", 5482, 2),  # 17:30 Chicago: session 12-01
+        ("2020-12-01T03:00", 999, 4),
+        ("2020-12-01T14:00", 5482, 3),
+        ("2020-12-01T15:00", 999, 9),
+        ("2020-12-24T14:00", 5482, 5),
+    ]
+    if not ordered:
+        rows = [rows[1], rows[0], *rows[2:]]
+    info = sidecar.build_sidecar(_trades_file(tmp_path / "p.dbn.zst", rows), tmp_path / "p.arrow")
+    ids = np.array([999, 5482], dtype=np.int64)
+    full = _sidecar_session_volume(info.path, ids)
+    for before in ("2020-11-02", "2020-11-03", "2020-12-01", "2020-12-02", "2020-12-24", "2020-12-28"):
+        got = _last_session_volume(info.path, ids, day(before))
+        if not ordered:
+            assert got is None
+            continue
+        assert got is not None
+        earlier = full[0][full[0] < day(before)]
+        take = full[0] == (int(earlier.max()) if earlier.size else -2)
+        for g, w in zip(got, full, strict=True):
+            assert g.tolist() == w[take].tolist(), before
