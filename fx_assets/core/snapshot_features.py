@@ -10,7 +10,8 @@ for bit). All state resets at a *break* (a change of the running break count: se
 boundary or contract roll), so no window reads across one; windows that have not filled yet
 since the break use the rows they have (``rows_since_break`` says how many).
 
-Columns (``feature_names(cfg)``; prices in ticks unless stated; sizes in contracts):
+Columns (``feature_names(cfg)``; each with its formula and unit in
+:func:`snapshot_feature_registry`; prices in ticks unless stated; sizes in contracts):
 
 - book state of the snapshot, the bar OFI stage's kernel (``ofi._book_state_nb``):
   ``book_<name>`` for the imbalances at 1 / 5 / 10 levels, weighted-mid and microprice offsets,
@@ -52,7 +53,7 @@ from pydantic import Field, field_validator
 
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.ofi import _BOOK_STATE_COLS, _book_state_nb
+from fx_assets.core.ofi import _BOOK_STATE_COLS, _book_state_nb, ofi_feature_registry
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -104,6 +105,129 @@ def feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
         *(f"{p}_k{k}" for k in cfg.drift_windows for p in ("drift", "midchg")),
         "log_rows_since_break",
     ]
+
+
+@dataclass(frozen=True)
+class SnapshotFeatureSpec:
+    """Registry entry of one snapshot feature: its formula, unit and trailing reach."""
+
+    name: str
+    description: str
+    unit: str
+    window: str  # what the value reads: "this update", "last K updates", "last K trades", ...
+
+
+def snapshot_feature_registry(cfg: SnapshotFeatureConfig | None = None) -> dict[str, SnapshotFeatureSpec]:
+    """Every snapshot feature, in output column order (names depend on the config)."""
+    c = cfg or SnapshotFeatureConfig()
+    S = SnapshotFeatureSpec
+    ofi_reg = ofi_feature_registry()
+    reg = [
+        S(
+            f"book_{n}",
+            f"{ofi_reg[n].description} — of this update's book",
+            "see the OFI registry",
+            "this update",
+        )
+        for n in _BOOK_STATE_COLS
+    ]
+    reg += [
+        S(
+            f"ofi_k{k}",
+            "Σ e_n over the last K updates / mean (Qb_1 + Qa_1)/2 over them; e_n = CKS best-level term "
+            "1{Pb≥Pb'}Qb − 1{Pb≤Pb'}Qb' − 1{Pa≤Pa'}Qa + 1{Pa≥Pa'}Qa' (' = the previous update), 0 at a break",
+            "mean best depths",
+            f"last {k} updates",
+        )
+        for k in c.flow_windows
+    ]
+    reg += [
+        S(
+            f"mlofi_l{m + 1}",
+            f"level-{m + 1} CKS OFI (by rank; missing bid −∞, ask +∞, size 0) summed over the last K "
+            "updates / mean best depth over them",
+            "mean best depths",
+            f"last {c.mlofi_window} updates",
+        )
+        for m in range(c.levels)
+    ]
+    for k in c.trade_windows:
+        reg += [
+            S(
+                f"tsv_k{k}",
+                "Σ s·v over the last K trades (s = +1 buyer-, −1 seller-initiated, 0 unknown)",
+                "contracts",
+                f"last {k} trades",
+            ),
+            S(
+                f"timb_k{k}",
+                "Σ s·v / Σ v over the last K trades (0 without volume)",
+                "[−1, 1]",
+                f"last {k} trades",
+            ),
+            S(
+                f"tcnt_k{k}",
+                "Σ s / (trades in the window) over the last K trades",
+                "[−1, 1]",
+                f"last {k} trades",
+            ),
+        ]
+    reg += [
+        S(
+            "vpin",
+            f"mean |B − S| / V over the last {c.vpin_buckets} full buckets of V = {c.vpin_bucket_volume:g} "
+            "contracts, trades split across buckets (0 before the first bucket)",
+            "[0, 1]",
+            f"last {c.vpin_buckets} volume buckets",
+        ),
+        S(
+            "kyle_lambda",
+            "OLS slope of Δmid between consecutive trades on the trade's signed size (0 without variance)",
+            "ticks per contract",
+            f"last {c.kyle_trades} trades",
+        ),
+        S(
+            "log_dt_update_us",
+            "log1p(µs since the previous update); 0 at a break",
+            "log µs",
+            "last 2 updates",
+        ),
+        S(
+            "log_dt_trade_us",
+            "log1p(µs since the last trade, or the break)",
+            "log µs",
+            "since the last trade",
+        ),
+        S(
+            "log_dt_mid_us",
+            "log1p(µs since the last mid change, or the break)",
+            "log µs",
+            "since the last mid change",
+        ),
+        S(
+            "log_event_rate_hz",
+            "log1p((K − 1) / (ts_n − ts_{n−K+1})) over the last K updates",
+            "log updates/s",
+            f"last {c.rate_window} updates",
+        ),
+        S("spread_bps", "10⁴ · (Pa_1 − Pb_1) / mid", "basis points", "this update"),
+    ]
+    for k in c.drift_windows:
+        reg += [
+            S(f"drift_k{k}", "mid now − mid K updates ago (or at the break)", "ticks", f"last {k} updates"),
+            S(
+                f"midchg_k{k}",
+                "updates among the last K whose mid differs from the previous update's",
+                "count",
+                f"last {k} updates",
+            ),
+        ]
+    reg.append(
+        S("log_rows_since_break", "log1p(updates since the last break)", "log count", "since the break")
+    )
+    out = {r.name: r for r in reg}
+    assert list(out) == feature_names(c), "registry and kernel columns differ"
+    return out
 
 
 @dataclass

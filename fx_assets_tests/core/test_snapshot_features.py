@@ -195,3 +195,12 @@ def test_bad_chunks_are_refused_by_row() -> None:
         snapshot_features(book, CFG)
     with pytest.raises(ValueError):
         SnapshotFeatureConfig(flow_windows=[0])
+
+
+def test_registry_documents_every_column() -> None:
+    from fx_assets.core.snapshot_features import snapshot_feature_registry
+
+    for cfg in (CFG, SnapshotFeatureConfig()):
+        reg = snapshot_feature_registry(cfg)
+        assert list(reg) == feature_names(cfg)
+        assert all(r.description and r.unit and r.window for r in reg.values())
