@@ -321,6 +321,13 @@ def new_state(cfg: SnapshotFeatureConfig) -> SnapshotState:
 
 
 @njit(cache=True, nogil=True)
+def _back(pos: int, k: int, size: int) -> int:
+    """Ring index ``k`` steps before ``pos`` (0 <= k < size), without a modulo."""
+    j = pos - k
+    return j + size if j < 0 else j
+
+
+@njit(cache=True, nogil=True)
 def _px(p: float, bid: bool) -> float:
     if p != p:
         return -_BIG if bid else _BIG
@@ -392,10 +399,10 @@ def _snapshot_nb(
             if m == 0:
                 for w in range(nf):
                     if rows >= flow_w[w]:
-                        sums[w] -= ofi_ring[(pos - flow_w[w]) % R, 0]
+                        sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
                     sums[w] += e
             if rows >= mlofi_k:
-                sums[s_ml + m] -= ofi_ring[(pos - mlofi_k) % R, m]
+                sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
             sums[s_ml + m] += e
             prev[0, m] = b
             prev[1, m] = a
@@ -405,10 +412,10 @@ def _snapshot_nb(
         dep_ring[pos] = dep
         for w in range(nf):
             if rows >= flow_w[w]:
-                sums[s_dep + w] -= dep_ring[(pos - flow_w[w]) % R]
+                sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
             sums[s_dep + w] += dep
         if rows >= mlofi_k:
-            sums[s_mld] -= dep_ring[(pos - mlofi_k) % R]
+            sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
         sums[s_mld] += dep
         ints[_I_POS] = pos + 1 if pos + 1 < R else 0
         # ---- mid changes
@@ -418,7 +425,7 @@ def _snapshot_nb(
         mid_ring[dpos] = u
         for w in range(nd):
             if rows >= drift_w[w]:
-                sums[s_chg + w] -= chg_ring[(dpos - drift_w[w]) % D]
+                sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
             sums[s_chg + w] += changed
         if changed:
             ints[_I_LAST_MID_TS] = ts[i]
@@ -437,11 +444,11 @@ def _snapshot_nb(
                 k = trade_w[w]
                 for c in range(3):
                     if nt >= k:
-                        sums[s_tr + 3 * w + c] -= trade_ring[(tpos - k) % T, c]
+                        sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
                     sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
             # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
             if nt >= kyle_k:
-                j = (tpos - kyle_k) % T
+                j = _back(tpos, kyle_k, T)
                 xo = trade_ring[j, 0]
                 yo = trade_ring[j, 3]
                 sums[s_ky] -= 1.0
@@ -484,7 +491,7 @@ def _snapshot_nb(
         rpos = ints[_I_RPOS]
         ts_ring[rpos] = ts[i]
         cnt_r = min(rows + 1, RK - 1)
-        t_first = ts_ring[(rpos - (cnt_r - 1)) % RK]
+        t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
         ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
         # ---- outputs of row i
         _book_state_nb(bpx[i], apx[i], bsz[i], asz[i], bct[i], act[i], levels, tick, out, 0, i)
@@ -526,7 +533,7 @@ def _snapshot_nb(
         for w in range(nd):
             k = drift_w[w]
             back = k if rows >= k else rows
-            out[o, i] = 0.5 * (u - mid_ring[(dpos - back) % D])
+            out[o, i] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
             out[o + 1, i] = sums[s_chg + w]
             o += 2
         out[o, i] = math.log1p(rows)
