@@ -173,16 +173,36 @@ def _ewma_vol_nb(r, alpha):
     return out
 
 
+@njit(cache=True, inline="always")
+def _roll_ratio(o, c, inst, j):
+    """R_j = O_j / C_{j-1} at a roll bar j > 0 (instrument changed from bar j-1), else 1."""
+    if j > 0 and inst[j] != inst[j - 1]:
+        return o[j] / c[j - 1]
+    return 1.0
+
+
+# The indicator kernels below find roll bars themselves (instrument change) and rescale their
+# state by R_j there: one pass over the bars, no shared temporaries. Outputs are written in
+# place (an output of length 0 is not wanted and not written) with NaN over the warm-up.
+
+
 @njit(cache=True)
-def _atr_nb(o, h, lo, c, roll, ratio, n):
-    """Wilder ATR with TA-Lib seeding: mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n."""
+def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
+    """Wilder ATR with TA-Lib seeding (mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n) into
+    ``atr`` and NATR = 100 * ATR / C into ``natr``."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    want_a = atr.shape[0] == nb
+    want_n = natr.shape[0] == nb
+    for j in range(min(n, nb)):
+        if want_a:
+            atr[j] = np.nan
+        if want_n:
+            natr[j] = np.nan
     s = 0.0
     cnt = 0
     for j in range(1, nb):
-        if roll[j]:
-            s *= ratio[j]
+        if inst[j] != inst[j - 1]:
+            s *= o[j] / c[j - 1]
             pc = o[j]
         else:
             pc = c[j - 1]
@@ -190,34 +210,43 @@ def _atr_nb(o, h, lo, c, roll, ratio, n):
         if cnt < n:
             s += tr
             cnt += 1
-            if cnt == n:
-                s = s / n
-                out[j] = s
+            if cnt < n:
+                continue
+            s = s / n
         else:
             s = (s * (n - 1) + tr) / n
-            out[j] = s
-    return out
+        if want_a:
+            atr[j] = s
+        if want_n:
+            natr[j] = 100.0 * s / c[j]
 
 
 @njit(cache=True)
-def _dmi_nb(o, h, lo, c, roll, ratio, n):
+def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
     """+DI, -DI and ADX, replicating TA-Lib: Wilder *sums* seeded with n-1 raw DM/TR, first DI
     at bar n, ADX = mean of the first n DX at bar 2n-1, then (ADX*(n-1)+DX)/n. When the
     smoothed TR or the DI sum is 0 the previous DI / ADX is carried (DI starts at 0)."""
     nb = c.shape[0]
-    pdi = np.full(nb, np.nan)
-    mdi = np.full(nb, np.nan)
-    adx = np.full(nb, np.nan)
+    want_p = pdi.shape[0] == nb
+    want_m = mdi.shape[0] == nb
+    want_a = adx.shape[0] == nb
+    for j in range(min(n, nb)):
+        if want_p:
+            pdi[j] = np.nan
+        if want_m:
+            mdi[j] = np.nan
+    if want_a:
+        for j in range(min(2 * n - 1, nb)):
+            adx[j] = np.nan
     sp = 0.0
     sm = 0.0
     st = 0.0
-    k = 0
     p_v = 0.0
     m_v = 0.0
     adx_s = 0.0
     for j in range(1, nb):
-        if roll[j]:
-            rr = ratio[j]
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
             sp *= rr
             sm *= rr
             st *= rr
@@ -233,8 +262,7 @@ def _dmi_nb(o, h, lo, c, roll, ratio, n):
         pdm = up if (up > dn and up > 0.0) else 0.0
         mdm = dn if (dn > up and dn > 0.0) else 0.0
         tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
-        k += 1
-        if k < n:
+        if j < n:
             sp += pdm
             sm += mdm
             st += tr
@@ -251,44 +279,48 @@ def _dmi_nb(o, h, lo, c, roll, ratio, n):
             if tot != 0.0:
                 dx = 100.0 * abs(p_v - m_v) / tot
                 valid = True
-        pdi[j] = p_v
-        mdi[j] = m_v
-        if k < 2 * n:
+        if want_p:
+            pdi[j] = p_v
+        if want_m:
+            mdi[j] = m_v
+        if j < 2 * n:
             if valid:
                 adx_s += dx
-            if k == 2 * n - 1:
+            if j == 2 * n - 1:
                 adx_s = adx_s / n
-                adx[j] = adx_s
+                if want_a:
+                    adx[j] = adx_s
         else:
             if valid:
                 adx_s = (adx_s * (n - 1) + dx) / n
-            adx[j] = adx_s
-    return pdi, mdi, adx
+            if want_a:
+                adx[j] = adx_s
 
 
 @njit(cache=True)
-def _rsi_nb(o, c, roll, ratio, n):
+def _rsi_nb(o, c, inst, n):
     """Wilder RSI, TA-Lib seeding (mean gain/loss of the first n changes, first value at bar
     n). A flat window (mean gain + mean loss == 0) gives 50 (TA-Lib gives 0)."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    out = np.empty(nb, np.float64)
+    for j in range(min(n, nb)):
+        out[j] = np.nan
     g = 0.0
     lo = 0.0
-    k = 0
     for j in range(1, nb):
-        if roll[j]:
-            g *= ratio[j]
-            lo *= ratio[j]
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
+            g *= rr
+            lo *= rr
             d = c[j] - o[j]
         else:
             d = c[j] - c[j - 1]
         gain = d if d > 0.0 else 0.0
         loss = -d if d < 0.0 else 0.0
-        k += 1
-        if k <= n:
+        if j <= n:
             g += gain
             lo += loss
-            if k < n:
+            if j < n:
                 continue
             g /= n
             lo /= n
@@ -301,25 +333,24 @@ def _rsi_nb(o, c, roll, ratio, n):
 
 
 @njit(cache=True)
-def _adjusted_mean_nb(x, ratio, j, length):
-    """Mean of x[j-length+1..j], each rescaled into bar j's contract units."""
+def _adjusted_mean_nb(x, off, o, c, inst, j, length):
+    """Mean of the values of bars j-length+1..j (bar m's value is x[m - off]), each rescaled
+    into bar j's contract units."""
     s = 0.0
     f = 1.0
     for m in range(j, j - length, -1):
-        s += x[m] * f
-        f *= ratio[m]
+        s += x[m - off] * f
+        f *= _roll_ratio(o, c, inst, m)
     return s / length
 
 
 @njit(cache=True)
-def _macd_nb(c, ratio, fast, slow, sig):
-    """MACD line, signal and histogram (price units), replicating TA-Lib's TA_MACD seeding: both
-    EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal EMA
-    at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
+def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
+    """MACD line, signal and histogram divided by C_j, replicating TA-Lib's TA_MACD seeding:
+    both EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal
+    EMA at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
     k = 2/(span+1)."""
     nb = c.shape[0]
-    line = np.full(nb, np.nan)
-    sgl = np.full(nb, np.nan)
     kf = 2.0 / (fast + 1.0)
     ks = 2.0 / (slow + 1.0)
     kg = 2.0 / (sig + 1.0)
@@ -327,54 +358,102 @@ def _macd_nb(c, ratio, fast, slow, sig):
     es = 0.0
     eg = 0.0
     first_sig = slow + sig - 2
+    seed = np.empty(sig, np.float64)  # MACD values (price units) of bars slow-1..first_sig
     for j in range(nb):
-        rr = ratio[j]
+        rr = _roll_ratio(o, c, inst, j)
         ef *= rr
         es *= rr
         eg *= rr
         if j < slow - 1:
+            line_out[j] = np.nan
+            sig_out[j] = np.nan
+            hist_out[j] = np.nan
             continue
         if j == slow - 1:
-            ef = _adjusted_mean_nb(c, ratio, j, fast)
-            es = _adjusted_mean_nb(c, ratio, j, slow)
+            ef = _adjusted_mean_nb(c, 0, o, c, inst, j, fast)
+            es = _adjusted_mean_nb(c, 0, o, c, inst, j, slow)
         else:
             ef += kf * (c[j] - ef)
             es += ks * (c[j] - es)
-        line[j] = ef - es
+        line = ef - es
+        line_out[j] = line / c[j]
+        if j <= first_sig:
+            seed[j - (slow - 1)] = line
         if j == first_sig:
-            eg = _adjusted_mean_nb(line, ratio, j, sig)
+            eg = _adjusted_mean_nb(seed, slow - 1, o, c, inst, j, sig)
         elif j > first_sig:
-            eg += kg * (line[j] - eg)
+            eg += kg * (line - eg)
         if j >= first_sig:
-            sgl[j] = eg
-    return line, sgl
+            sig_out[j] = eg / c[j]
+            hist_out[j] = (line - eg) / c[j]
+        else:
+            sig_out[j] = np.nan
+            hist_out[j] = np.nan
+
+
+_BB_BLOCK = 256  # bars per block of the Bollinger kernel (its sums stay in L1)
 
 
 @njit(cache=True)
-def _bb_pctb_nb(c, ratio, w, kk):
+def _bb_pctb_nb(o, c, inst, w, kk):
     """Bollinger %b = (C - (mu - k sigma)) / (2 k sigma) on the last w adjusted closes,
-    population sigma (two-pass), sigma == 0 -> 0.5."""
+    population sigma (two-pass), sigma == 0 -> 0.5.
+
+    Blocks of bars whose windows hold no roll take the sums across bars (the inner loop runs
+    over bars, so it vectorises) with each bar's additions in the same order as the per-bar
+    loop (bit-identical); a block that a roll rescales runs the per-bar loop."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    out = np.empty(nb, np.float64)
+    for j in range(min(w - 1, nb)):
+        out[j] = np.nan
+    acc = np.empty(_BB_BLOCK, np.float64)
+    var = np.empty(_BB_BLOCK, np.float64)
     buf = np.empty(w, np.float64)
-    for j in range(w - 1, nb):
-        f = 1.0
-        s = 0.0
-        for m in range(w):
-            x = c[j - m] * f
-            buf[m] = x
-            s += x
-            f *= ratio[j - m]
-        mu = s / w
-        v = 0.0
-        for m in range(w):
-            d = buf[m] - mu
-            v += d * d
-        sd = math.sqrt(v / w)
-        if sd > 0.0:
-            out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd)
+    j0 = w - 1
+    while j0 < nb:
+        j1 = min(j0 + _BB_BLOCK, nb)
+        rolled = False
+        for k in range(max(j0 - w + 2, 1), j1):  # R_k rescales the windows of bars k..k+w-2
+            if inst[k] != inst[k - 1]:
+                rolled = True
+                break
+        if rolled:
+            for j in range(j0, j1):
+                f = 1.0
+                s = 0.0
+                for m in range(w):
+                    x = c[j - m] * f
+                    buf[m] = x
+                    s += x
+                    f *= _roll_ratio(o, c, inst, j - m)
+                mu = s / w
+                v = 0.0
+                for m in range(w):
+                    d = buf[m] - mu
+                    v += d * d
+                sd = math.sqrt(v / w)
+                out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
         else:
-            out[j] = 0.5
+            nj = j1 - j0
+            for i in range(nj):
+                acc[i] = 0.0
+                var[i] = 0.0
+            for m in range(w):
+                base = j0 - m
+                for i in range(nj):
+                    acc[i] += c[base + i]
+            for i in range(nj):
+                acc[i] = acc[i] / w
+            for m in range(w):
+                base = j0 - m
+                for i in range(nj):
+                    d = c[base + i] - acc[i]
+                    var[i] += d * d
+            for i in range(nj):
+                mu = acc[i]
+                sd = math.sqrt(var[i] / w)
+                out[j0 + i] = (c[j0 + i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
+        j0 = j1
     return out
 
 
@@ -492,6 +571,93 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
         out[j] = best
 
 
+# --- indicator wrappers (validate, then one kernel pass) -------------------------------------
+
+_EMPTY = np.empty(0, np.float64)
+
+
+def _series(n_min: int, **arrays: np.ndarray) -> list[np.ndarray]:
+    """The named 1-D arrays, all of one length (prices as contiguous float64, ``inst`` as is);
+    FxDataError naming the array otherwise. ``n_min``: the period, checked >= 1."""
+    if n_min < 1:
+        raise FxDataError(f"indicator period {n_min} must be >= 1")
+    out = []
+    length = None
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if a.ndim != 1:
+            raise FxDataError(f"indicator input {name!r} has shape {a.shape}, expected 1-D")
+        if length is None:
+            length = a.shape[0]
+        elif a.shape[0] != length:
+            raise FxDataError(f"indicator input {name!r} has {a.shape[0]} bars, expected {length}")
+        if name == "inst":
+            if a.dtype.kind not in "iu":
+                raise FxDataError(f"indicator input 'inst' has dtype {a.dtype}, expected integer ids")
+            out.append(np.ascontiguousarray(a))
+        else:
+            out.append(np.ascontiguousarray(a, dtype=np.float64))
+    return out
+
+
+def atr_natr(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> tuple[F64, F64]:
+    """Roll-adjusted Wilder ATR (price units) and NATR (percent of C) of bars (open, high, low,
+    close, instrument id); NaN before bar n."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    atr = np.empty_like(c)
+    natr = np.empty_like(c)
+    _atr_into_nb(o, h, lo, c, inst, n, atr, natr)
+    return atr, natr
+
+
+def natr(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted NATR (percent of C) alone; as ``atr_natr(...)[1]``."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    out = np.empty_like(c)
+    _atr_into_nb(o, h, lo, c, inst, n, _EMPTY, out)
+    return out
+
+
+def dmi(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> tuple[F64, F64, F64]:
+    """Roll-adjusted +DI, -DI (NaN before bar n) and ADX (NaN before bar 2n-1), TA-Lib seeding."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    pdi, mdi, adx_ = np.empty_like(c), np.empty_like(c), np.empty_like(c)
+    _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx_)
+    return pdi, mdi, adx_
+
+
+def adx(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted ADX alone; as ``dmi(...)[2]``."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    out = np.empty_like(c)
+    _dmi_into_nb(o, h, lo, c, inst, n, _EMPTY, _EMPTY, out)
+    return out
+
+
+def rsi(o: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted Wilder RSI (0..100, flat window 50); NaN before bar n."""
+    o, c, inst = _series(n, o=o, c=c, inst=inst)
+    return _rsi_nb(o, c, inst, n)
+
+
+def macd(o: F64, c: F64, inst: np.ndarray, fast: int, slow: int, sig: int) -> tuple[F64, F64, F64]:
+    """Roll-adjusted MACD line, signal and histogram, each divided by C_j (TA-Lib seeding)."""
+    if not fast < slow:
+        raise FxDataError(f"MACD: fast span {fast} must be < slow span {slow}")
+    o, c, inst = _series(min(fast, sig), o=o, c=c, inst=inst)
+    line, sgl, hist = np.empty_like(c), np.empty_like(c), np.empty_like(c)
+    _macd_into_nb(o, c, inst, fast, slow, sig, line, sgl, hist)
+    return line, sgl, hist
+
+
+def bollinger_pctb(o: F64, c: F64, inst: np.ndarray, w: int, k: float) -> F64:
+    """Roll-adjusted Bollinger %b over w closes, population sigma, k sigmas; NaN before bar w-1."""
+    if not (math.isfinite(k) and k > 0):
+        raise FxDataError(f"Bollinger: k = {k!r} must be finite and > 0")
+    o, c, inst = _series(w, o=o, c=c, inst=inst)
+    return _bb_pctb_nb(o, c, inst, w, float(k))
+
+
 # Below this many bars per thread one call is faster than starting threads.
 _MIN_BARS_PER_THREAD = 50_000
 
@@ -559,22 +725,20 @@ class _Ctx:
 
     def dmi(self) -> tuple[F64, F64, F64]:
         b = self.bars
-        _, _, roll, ratio = self.returns()
         n = self.cfg.wilder_period
-        return self.get("dmi", lambda: _dmi_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+        return self.get("dmi", lambda: dmi(b.open, b.high, b.low, b.close, b.instrument_id, n))
 
-    def atr(self) -> F64:
+    def atr(self) -> tuple[F64, F64]:
         b = self.bars
-        _, _, roll, ratio = self.returns()
         n = self.cfg.wilder_period
-        return self.get("atr", lambda: _atr_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+        return self.get("atr", lambda: atr_natr(b.open, b.high, b.low, b.close, b.instrument_id, n))
 
-    def macd(self) -> tuple[F64, F64]:
+    def macd(self) -> tuple[F64, F64, F64]:
         c = self.cfg
-        ratio = self.returns()[3]
+        b = self.bars
         return self.get(
             "macd",
-            lambda: _macd_nb(self.bars.close, ratio, c.macd_fast, c.macd_slow, c.macd_signal),
+            lambda: macd(b.open, b.close, b.instrument_id, c.macd_fast, c.macd_slow, c.macd_signal),
         )
 
     def cusum(self) -> tuple[F64, F64, F64]:
@@ -680,7 +844,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, math.inf),
-            lambda x: x.atr(),
+            lambda x: x.atr()[0],
         ),
         FeatureSpec(
             f"natr_{n}",
@@ -688,7 +852,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, math.inf),
-            lambda x: x.get("natr", lambda: 100.0 * x.atr() / x.bars.close),
+            lambda x: x.atr()[1],
         ),
         FeatureSpec(
             f"plus_di_{n}",
@@ -721,10 +885,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, 100.0),
-            lambda x: x.get(
-                "rsi",
-                lambda: _rsi_nb(x.bars.open, x.bars.close, x.returns()[2], x.returns()[3], n),
-            ),
+            lambda x: x.get("rsi", lambda: rsi(x.bars.open, x.bars.close, x.bars.instrument_id, n)),
         ),
         FeatureSpec(
             f"macd_{c.macd_fast}_{c.macd_slow}",
@@ -732,7 +893,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + c.macd_slow,
             c.macd_slow - 1,
             (-1.0, 1.0),
-            lambda x: x.get("macd_line", lambda: x.macd()[0] / x.bars.close),
+            lambda x: x.macd()[0],
         ),
         FeatureSpec(
             f"macd_signal_{c.macd_signal}",
@@ -740,7 +901,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + sig_mem + c.macd_slow + c.macd_signal,
             c.macd_slow + c.macd_signal - 2,
             (-1.0, 1.0),
-            lambda x: x.get("macd_sig", lambda: x.macd()[1] / x.bars.close),
+            lambda x: x.macd()[1],
         ),
         FeatureSpec(
             "macd_hist",
@@ -748,7 +909,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + sig_mem + c.macd_slow + c.macd_signal,
             c.macd_slow + c.macd_signal - 2,
             (-1.0, 1.0),
-            lambda x: (x.macd()[0] - x.macd()[1]) / x.bars.close,
+            lambda x: x.macd()[2],
         ),
         FeatureSpec(
             f"bb_pctb_{c.bb_window}",
@@ -759,7 +920,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             (0.5 - bbb - eps, 0.5 + bbb + eps),
             lambda x: x.get(
                 "bb",
-                lambda: _bb_pctb_nb(x.bars.close, x.returns()[3], c.bb_window, c.bb_k),
+                lambda: bollinger_pctb(x.bars.open, x.bars.close, x.bars.instrument_id, c.bb_window, c.bb_k),
             ),
         ),
         FeatureSpec(
