@@ -183,10 +183,42 @@ def _roll_ratio(o, c, inst, j):
 
 # The indicator kernels below find roll bars themselves (instrument change) and rescale their
 # state by R_j there: one pass over the bars, no shared temporaries. Outputs are written in
-# place (an output of length 0 is not wanted and not written) with NaN over the warm-up.
+# place (an output of length 0 is not wanted and not written) with NaN over the warm-up. The
+# warm-up (seeding) bars run in a loop of their own, and the steady-state loop runs from roll
+# to roll (``_next_roll``) so that no roll test sits on the recursion's critical path.
+# Wilder smoothing (S*(n-1) + x)/n is evaluated as S*a + x*b, a = (n-1)/n, b = 1/n: no
+# division on the critical path; the recursion contracts by a per bar, so the rounding
+# difference stays within a few ulps of S (the parity test bounds it by 1e-12).
+# error_model="numpy": a float division by zero gives inf/NaN instead of a raised exception,
+# so numba emits no zero test per division (which kept the loops from vectorising); inputs
+# are positive prices (compute_bar_features checks them) and every 0/0 case is guarded.
+
+
+_BLOCK = 512  # bars per block of the indicator kernels' steady-state loops
 
 
 @njit(cache=True)
+def _next_roll(inst, j):
+    """The first roll bar k >= j >= 1 (inst[k] != inst[k-1]), or len(inst). Scans blocks with a
+    count of changes (vectorised) and searches only a block that has one."""
+    nb = inst.shape[0]
+    k0 = j
+    while k0 < nb:
+        k1 = min(k0 + _BLOCK, nb)
+        cur = inst[k0:k1]
+        prev = inst[k0 - 1 : k1 - 1]
+        changes = 0
+        for i in range(k1 - k0):
+            changes += cur[i] != prev[i]
+        if changes:
+            for i in range(k1 - k0):
+                if cur[i] != prev[i]:
+                    return k0 + i
+        k0 = k1
+    return nb
+
+
+@njit(cache=True, error_model="numpy")
 def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     """Wilder ATR with TA-Lib seeding (mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n) into
     ``atr`` and NATR = 100 * ATR / C into ``natr``."""
@@ -198,30 +230,88 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
             atr[j] = np.nan
         if want_n:
             natr[j] = np.nan
+    if nb <= n:
+        return
     s = 0.0
-    cnt = 0
-    for j in range(1, nb):
+    for j in range(1, n + 1):
         if inst[j] != inst[j - 1]:
             s *= o[j] / c[j - 1]
             pc = o[j]
         else:
             pc = c[j - 1]
-        tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
-        if cnt < n:
-            s += tr
-            cnt += 1
-            if cnt < n:
-                continue
-            s = s / n
-        else:
-            s = (s * (n - 1) + tr) / n
+        s += max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
+    s = s / n
+    if want_a:
+        atr[n] = s
+    if want_n:
+        natr[n] = 100.0 * s / c[n]
+    a = (n - 1) / n
+    b = 1.0 / n
+    a2 = a * a
+    # S goes to atr (or, without atr, to natr) block by block; NATR = 100 S / C is then taken
+    # over the block in a loop of its own (vectorised divisions, off the recursion)
+    raw = atr if want_a else natr
+    j = n + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            s = _wilder_tr_block(h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], s, a, b, a2, raw[k0:k1])
+            if want_n:
+                _percent_of(raw[k0:k1], c[k0:k1], natr[k0:k1])
+            k0 = k1
+        if e == nb:
+            break
+        s *= o[e] / c[e - 1]
+        pc = o[e]
+        s = s * a + max(h[e] - lo[e], abs(h[e] - pc), abs(lo[e] - pc)) * b
         if want_a:
-            atr[j] = s
+            atr[e] = s
         if want_n:
-            natr[j] = 100.0 * s / c[j]
+            natr[e] = 100.0 * s / c[e]
+        j = e + 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
+def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), two
+    bars per step: S_{k+1} = S_{k-1} a^2 + (TR_k a + TR_{k+1}) b. Writes S; returns the last.
+    Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+    m = h.shape[0]
+    for i in range(m // 2):
+        p = 2 * i
+        q = p + 1
+        tr1 = _true_range(h[p], lo[p], pc[p])
+        tr2 = _true_range(h[q], lo[q], pc[q])
+        out[p] = s * a + tr1 * b
+        s = s * a2 + (tr1 * a + tr2) * b
+        out[q] = s
+    if m % 2:
+        p = m - 1
+        s = s * a + _true_range(h[p], lo[p], pc[p]) * b
+        out[p] = s
+    return s
+
+
+@njit(cache=True, inline="always")
+def _true_range(h, lo, pc):
+    """max(H - L, |H - C_prev|, |L - C_prev|), as compare-selects (no branches)."""
+    x = h - lo
+    y = abs(h - pc)
+    x = y if y > x else x
+    y = abs(lo - pc)
+    return y if y > x else x
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _percent_of(x, c, out):
+    """out = 100 x / c, elementwise (out may be x)."""
+    for i in range(x.shape[0]):
+        out[i] = 100.0 * x[i] / c[i]
+
+
+@njit(cache=True, error_model="numpy")
 def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
     """+DI, -DI and ADX, replicating TA-Lib: Wilder *sums* seeded with n-1 raw DM/TR, first DI
     at bar n, ADX = mean of the first n DX at bar 2n-1, then (ADX*(n-1)+DX)/n. When the
@@ -238,6 +328,8 @@ def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
     if want_a:
         for j in range(min(2 * n - 1, nb)):
             adx[j] = np.nan
+    a = (n - 1) / n
+    b = 1.0 / n
     sp = 0.0
     sm = 0.0
     st = 0.0
@@ -267,9 +359,9 @@ def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
             sm += mdm
             st += tr
             continue
-        sp = sp - sp / n + pdm
-        sm = sm - sm / n + mdm
-        st = st - st / n + tr
+        sp = sp - sp * b + pdm
+        sm = sm - sm * b + mdm
+        st = st - st * b + tr
         valid = False
         dx = 0.0
         if st != 0.0:
@@ -292,12 +384,12 @@ def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
                     adx[j] = adx_s
         else:
             if valid:
-                adx_s = (adx_s * (n - 1) + dx) / n
+                adx_s = adx_s * a + dx * b
             if want_a:
                 adx[j] = adx_s
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rsi_nb(o, c, inst, n):
     """Wilder RSI, TA-Lib seeding (mean gain/loss of the first n changes, first value at bar
     n). A flat window (mean gain + mean loss == 0) gives 50 (TA-Lib gives 0)."""
@@ -305,9 +397,11 @@ def _rsi_nb(o, c, inst, n):
     out = np.empty(nb, np.float64)
     for j in range(min(n, nb)):
         out[j] = np.nan
+    if nb <= n:
+        return out
     g = 0.0
     lo = 0.0
-    for j in range(1, nb):
+    for j in range(1, n + 1):
         if inst[j] != inst[j - 1]:
             rr = o[j] / c[j - 1]
             g *= rr
@@ -315,21 +409,71 @@ def _rsi_nb(o, c, inst, n):
             d = c[j] - o[j]
         else:
             d = c[j] - c[j - 1]
-        gain = d if d > 0.0 else 0.0
-        loss = -d if d < 0.0 else 0.0
-        if j <= n:
-            g += gain
-            lo += loss
-            if j < n:
-                continue
-            g /= n
-            lo /= n
-        else:
-            g = (g * (n - 1) + gain) / n
-            lo = (lo * (n - 1) + loss) / n
+        g += d if d > 0.0 else 0.0
+        lo += -d if d < 0.0 else 0.0
+    g /= n
+    lo /= n
+    tot = g + lo
+    out[n] = 100.0 * g / tot if tot > 0.0 else 50.0
+    a = (n - 1) / n
+    b = 1.0 / n
+    a2 = a * a
+    tot_buf = np.empty(_BLOCK, np.float64)
+    j = n + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            blk = out[k0:k1]
+            tots = tot_buf[: k1 - k0]
+            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, blk, tots)
+            for i in range(k1 - k0):
+                blk[i] = 100.0 * blk[i] / tots[i] if tots[i] > 0.0 else 50.0
+            k0 = k1
+        if e == nb:
+            break
+        rr = o[e] / c[e - 1]
+        g *= rr
+        lo *= rr
+        d = c[e] - o[e]
+        g = g * a + (d if d > 0.0 else 0.0) * b
+        lo = lo * a + (-d if d < 0.0 else 0.0) * b
         tot = g + lo
-        out[j] = 100.0 * g / tot if tot > 0.0 else 50.0
+        out[e] = 100.0 * g / tot if tot > 0.0 else 50.0
+        j = e + 1
     return out
+
+
+@njit(cache=True, error_model="numpy")
+def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
+    """Wilder means of gains / losses over a block without a roll, two bars per step (as
+    _wilder_tr_block); writes the gain mean and gain + loss mean; returns the last pair."""
+    m = c.shape[0]
+    for i in range(m // 2):
+        p = 2 * i
+        q = p + 1
+        d1 = c[p] - pc[p]
+        d2 = c[q] - pc[q]
+        u1 = d1 if d1 > 0.0 else 0.0
+        v1 = -d1 if d1 < 0.0 else 0.0
+        u2 = d2 if d2 > 0.0 else 0.0
+        v2 = -d2 if d2 < 0.0 else 0.0
+        g1 = g * a + u1 * b
+        gain_out[p] = g1
+        tot_out[p] = g1 + (lo * a + v1 * b)
+        g = g * a2 + (u1 * a + u2) * b
+        lo = lo * a2 + (v1 * a + v2) * b
+        gain_out[q] = g
+        tot_out[q] = g + lo
+    if m % 2:
+        p = m - 1
+        d = c[p] - pc[p]
+        g = g * a + (d if d > 0.0 else 0.0) * b
+        lo = lo * a + (-d if d < 0.0 else 0.0) * b
+        gain_out[p] = g
+        tot_out[p] = g + lo
+    return g, lo
 
 
 @njit(cache=True)
@@ -344,71 +488,138 @@ def _adjusted_mean_nb(x, off, o, c, inst, j, length):
     return s / length
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
     """MACD line, signal and histogram divided by C_j, replicating TA-Lib's TA_MACD seeding:
     both EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal
     EMA at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
-    k = 2/(span+1)."""
+    k = 2/(span+1). The division by C_j is a multiplication by 1/C_j (<= 1 ulp apart)."""
     nb = c.shape[0]
     kf = 2.0 / (fast + 1.0)
     ks = 2.0 / (slow + 1.0)
     kg = 2.0 / (sig + 1.0)
-    ef = 0.0
-    es = 0.0
-    eg = 0.0
     first_sig = slow + sig - 2
-    seed = np.empty(sig, np.float64)  # MACD values (price units) of bars slow-1..first_sig
-    for j in range(nb):
-        rr = _roll_ratio(o, c, inst, j)
-        ef *= rr
-        es *= rr
-        eg *= rr
+    for j in range(min(first_sig, nb)):
+        sig_out[j] = np.nan
+        hist_out[j] = np.nan
         if j < slow - 1:
             line_out[j] = np.nan
-            sig_out[j] = np.nan
-            hist_out[j] = np.nan
-            continue
-        if j == slow - 1:
-            ef = _adjusted_mean_nb(c, 0, o, c, inst, j, fast)
-            es = _adjusted_mean_nb(c, 0, o, c, inst, j, slow)
-        else:
-            ef += kf * (c[j] - ef)
-            es += ks * (c[j] - es)
+    if nb < slow:
+        return
+    j = slow - 1
+    ef = _adjusted_mean_nb(c, 0, o, c, inst, j, fast)
+    es = _adjusted_mean_nb(c, 0, o, c, inst, j, slow)
+    seed = np.empty(sig, np.float64)  # MACD values (price units) of bars slow-1..first_sig
+    seed[0] = ef - es
+    line_out[j] = seed[0] / c[j]
+    for j in range(slow, min(first_sig + 1, nb)):
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
+            ef *= rr
+            es *= rr
+        ef += kf * (c[j] - ef)
+        es += ks * (c[j] - es)
+        seed[j - (slow - 1)] = ef - es
+        line_out[j] = seed[j - (slow - 1)] / c[j]
+    if nb <= first_sig:
+        return
+    eg = _adjusted_mean_nb(seed, slow - 1, o, c, inst, first_sig, sig)
+    line = seed[sig - 1]
+    sig_out[first_sig] = eg / c[first_sig]
+    hist_out[first_sig] = (line - eg) / c[first_sig]
+    # EMA_t = EMA + k (x - EMA) is evaluated as EMA (1-k) + x k, two bars per step (as the
+    # Wilder recursions); the raw line and signal go to the outputs block by block and are
+    # divided by C in a loop of their own
+    af, as_, ag = 1.0 - kf, 1.0 - ks, 1.0 - kg
+    af2, as2, ag2 = af * af, as_ * as_, ag * ag
+    j = first_sig + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            ks3 = (kf, ks, kg, af, as_, ag, af2, as2, ag2)
+            ef, es, eg = _macd_block(c[k0:k1], ef, es, eg, ks3, line_out[k0:k1], sig_out[k0:k1])
+            _macd_scale(c[k0:k1], line_out[k0:k1], sig_out[k0:k1], hist_out[k0:k1])
+            k0 = k1
+        if e == nb:
+            break
+        rr = o[e] / c[e - 1]
+        ck = c[e]
+        ef = ef * rr * af + ck * kf
+        es = es * rr * as_ + ck * ks
         line = ef - es
-        line_out[j] = line / c[j]
-        if j <= first_sig:
-            seed[j - (slow - 1)] = line
-        if j == first_sig:
-            eg = _adjusted_mean_nb(seed, slow - 1, o, c, inst, j, sig)
-        elif j > first_sig:
-            eg += kg * (line - eg)
-        if j >= first_sig:
-            sig_out[j] = eg / c[j]
-            hist_out[j] = (line - eg) / c[j]
-        else:
-            sig_out[j] = np.nan
-            hist_out[j] = np.nan
+        eg = eg * rr * ag + line * kg
+        line_out[e] = line
+        sig_out[e] = eg
+        _macd_scale(c[e : e + 1], line_out[e : e + 1], sig_out[e : e + 1], hist_out[e : e + 1])
+        j = e + 1
+
+
+@njit(cache=True, error_model="numpy")
+def _macd_block(c, ef, es, eg, coef, line_out, sig_out):
+    """The three EMAs over a block without a roll, two bars per step (as _wilder_tr_block):
+    writes the MACD line and signal in price units; returns the EMAs."""
+    kf, ks, kg, af, as_, ag, af2, as2, ag2 = coef
+    m = c.shape[0]
+    for i in range(m // 2):
+        p = 2 * i
+        q = p + 1
+        c1 = c[p]
+        c2 = c[q]
+        l1 = (ef * af + c1 * kf) - (es * as_ + c1 * ks)
+        ef = ef * af2 + (c1 * af + c2) * kf
+        es = es * as2 + (c1 * as_ + c2) * ks
+        l2 = ef - es
+        line_out[p] = l1
+        sig_out[p] = eg * ag + l1 * kg
+        eg = eg * ag2 + (l1 * ag + l2) * kg
+        line_out[q] = l2
+        sig_out[q] = eg
+    if m % 2:
+        p = m - 1
+        ef = ef * af + c[p] * kf
+        es = es * as_ + c[p] * ks
+        line = ef - es
+        eg = eg * ag + line * kg
+        line_out[p] = line
+        sig_out[p] = eg
+    return ef, es, eg
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _macd_scale(c, line, sgl, hist):
+    """(line, signal) in price units -> (line, signal, line - signal) divided by C."""
+    for i in range(c.shape[0]):
+        inv = 1.0 / c[i]
+        x = line[i]
+        y = sgl[i]
+        line[i] = x * inv
+        sgl[i] = y * inv
+        hist[i] = (x - y) * inv
 
 
 _BB_BLOCK = 256  # bars per block of the Bollinger kernel (its sums stay in L1)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _bb_pctb_nb(o, c, inst, w, kk):
     """Bollinger %b = (C - (mu - k sigma)) / (2 k sigma) on the last w adjusted closes,
     population sigma (two-pass), sigma == 0 -> 0.5.
 
     Blocks of bars whose windows hold no roll take the sums across bars (the inner loop runs
-    over bars, so it vectorises) with each bar's additions in the same order as the per-bar
-    loop (bit-identical); a block that a roll rescales runs the per-bar loop."""
+    over the bars of the block, so it vectorises; four window terms per sweep, added in the
+    per-bar order, so each bar's sums are bit-identical to the per-bar loop); a block that a
+    roll rescales runs the per-bar loop. The inner loops index slices from 0: numba then omits
+    its negative-index wraparound, which would otherwise block vectorisation."""
     nb = c.shape[0]
     out = np.empty(nb, np.float64)
     for j in range(min(w - 1, nb)):
         out[j] = np.nan
-    acc = np.empty(_BB_BLOCK, np.float64)
-    var = np.empty(_BB_BLOCK, np.float64)
+    acc_buf = np.empty(_BB_BLOCK, np.float64)
+    var_buf = np.empty(_BB_BLOCK, np.float64)
     buf = np.empty(w, np.float64)
+    w4 = w - w % 4
     j0 = w - 1
     while j0 < nb:
         j1 = min(j0 + _BB_BLOCK, nb)
@@ -435,24 +646,47 @@ def _bb_pctb_nb(o, c, inst, w, kk):
                 out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
         else:
             nj = j1 - j0
+            acc = acc_buf[:nj]
+            var = var_buf[:nj]
             for i in range(nj):
                 acc[i] = 0.0
                 var[i] = 0.0
-            for m in range(w):
-                base = j0 - m
+            for m in range(0, w4, 4):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
                 for i in range(nj):
-                    acc[i] += c[base + i]
+                    acc[i] = (((acc[i] + c0[i]) + c1[i]) + c2[i]) + c3[i]
+            for m in range(w4, w):
+                c0 = c[j0 - m : j1 - m]
+                for i in range(nj):
+                    acc[i] += c0[i]
             for i in range(nj):
                 acc[i] = acc[i] / w
-            for m in range(w):
-                base = j0 - m
+            for m in range(0, w4, 4):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
                 for i in range(nj):
-                    d = c[base + i] - acc[i]
+                    mu = acc[i]
+                    d0 = c0[i] - mu
+                    d1 = c1[i] - mu
+                    d2 = c2[i] - mu
+                    d3 = c3[i] - mu
+                    var[i] = (((var[i] + d0 * d0) + d1 * d1) + d2 * d2) + d3 * d3
+            for m in range(w4, w):
+                c0 = c[j0 - m : j1 - m]
+                for i in range(nj):
+                    d = c0[i] - acc[i]
                     var[i] += d * d
+            cj = c[j0:j1]
+            oj = out[j0:j1]
             for i in range(nj):
                 mu = acc[i]
                 sd = math.sqrt(var[i] / w)
-                out[j0 + i] = (c[j0 + i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
+                oj[i] = (cj[i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
         j0 = j1
     return out
 
