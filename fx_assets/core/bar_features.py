@@ -194,7 +194,10 @@ def _roll_ratio(o, c, inst, j):
 # are positive prices (compute_bar_features checks them) and every 0/0 case is guarded.
 
 
-_BLOCK = 512  # bars per block of the indicator kernels' steady-state loops
+# Bars per block of the indicator kernels' steady-state loops; a multiple of 4, so that the
+# steps of several bars start at the same bars (counted from the last roll) in any series
+# that shares the prefix: a value never depends on where the series ends.
+_BLOCK = 512
 
 
 @njit(cache=True)
@@ -248,18 +251,22 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    # S goes to atr (or, without atr, to natr) block by block; NATR = 100 S / C is then taken
-    # over the block in a loop of its own (vectorised divisions, off the recursion)
-    raw = atr if want_a else natr
+    # with atr wanted, S goes to atr block by block and NATR = 100 S / C is taken over the
+    # block in a loop of its own (vectorised divisions); NATR alone divides in the recursion's
+    # loop, where the divisions overlap the recursion
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
         k0 = j
         while k0 < e:
             k1 = min(k0 + _BLOCK, e)
-            s = _wilder_tr_block(h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], s, a, b, a2, raw[k0:k1])
-            if want_n:
-                _percent_of(raw[k0:k1], c[k0:k1], natr[k0:k1])
+            hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
+            if want_a:
+                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, atr[k0:k1])
+                if want_n:
+                    _percent_of(atr[k0:k1], cb, natr[k0:k1])
+            else:
+                s = _natr_block(hb, lb, pc, cb, s, a, b, a2, natr[k0:k1])
             k0 = k1
         if e == nb:
             break
@@ -275,22 +282,82 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
 
 @njit(cache=True, error_model="numpy")
 def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
-    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), two
-    bars per step: S_{k+1} = S_{k-1} a^2 + (TR_k a + TR_{k+1}) b. Writes S; returns the last.
-    Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), four
+    bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a + TR_{k+3}) b,
+    the three bars between from S_{k-1} likewise (off the recursion's critical path). Writes S;
+    returns the last. Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+    a3 = a2 * a
+    a4 = a2 * a2
     m = h.shape[0]
-    for i in range(m // 2):
-        p = 2 * i
-        q = p + 1
-        tr1 = _true_range(h[p], lo[p], pc[p])
-        tr2 = _true_range(h[q], lo[q], pc[q])
-        out[p] = s * a + tr1 * b
-        s = s * a2 + (tr1 * a + tr2) * b
-        out[q] = s
-    if m % 2:
-        p = m - 1
-        s = s * a + _true_range(h[p], lo[p], pc[p]) * b
-        out[p] = s
+    for i in range(m // 4):
+        p = 4 * i
+        t1 = _true_range(h[p], lo[p], pc[p])
+        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
+        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
+        u2 = t1 * a + t2
+        u3 = u2 * a + t3
+        u4 = u3 * a + t4
+        out[p] = s * a + t1 * b
+        out[p + 1] = s * a2 + u2 * b
+        out[p + 2] = s * a3 + u3 * b
+        s = s * a4 + u4 * b
+        out[p + 3] = s
+    r = m % 4
+    if r:  # a partial step: the same formulas (a series cut here keeps every bar's value)
+        p = m - r
+        t1 = _true_range(h[p], lo[p], pc[p])
+        s1 = s * a + t1 * b
+        out[p] = s1
+        if r > 1:
+            u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+            s1 = s * a2 + u2 * b
+            out[p + 1] = s1
+            if r > 2:
+                s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
+                out[p + 2] = s1
+        s = s1
+    return s
+
+
+@njit(cache=True, error_model="numpy")
+def _natr_block(h, lo, pc, c, s, a, b, a2, out):
+    """As _wilder_tr_block (the same S), writing 100 S / C instead of S: the divisions of the
+    four bars of a step are independent of each other and of the recursion."""
+    a3 = a2 * a
+    a4 = a2 * a2
+    m = h.shape[0]
+    for i in range(m // 4):
+        p = 4 * i
+        t1 = _true_range(h[p], lo[p], pc[p])
+        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
+        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
+        u2 = t1 * a + t2
+        u3 = u2 * a + t3
+        u4 = u3 * a + t4
+        s1 = s * a + t1 * b
+        s2 = s * a2 + u2 * b
+        s3 = s * a3 + u3 * b
+        s = s * a4 + u4 * b
+        out[p] = 100.0 * s1 / c[p]
+        out[p + 1] = 100.0 * s2 / c[p + 1]
+        out[p + 2] = 100.0 * s3 / c[p + 2]
+        out[p + 3] = 100.0 * s / c[p + 3]
+    r = m % 4
+    if r:  # as in _wilder_tr_block
+        p = m - r
+        t1 = _true_range(h[p], lo[p], pc[p])
+        s1 = s * a + t1 * b
+        out[p] = 100.0 * s1 / c[p]
+        if r > 1:
+            u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+            s1 = s * a2 + u2 * b
+            out[p + 1] = 100.0 * s1 / c[p + 1]
+            if r > 2:
+                s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
+                out[p + 2] = 100.0 * s1 / c[p + 2]
+        s = s1
     return s
 
 
