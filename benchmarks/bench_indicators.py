@@ -187,7 +187,6 @@ def agreement(a: dict[str, np.ndarray], d: Path, server: subprocess.Popen[str]) 
     server.stdin.write("save 1\n")
     server.stdin.flush()
     server.stdout.readline()
-    c = a["close"]
     out: dict[str, Any] = {}
     for name, got in ours.items():
         got = got if isinstance(got, tuple) else (got,)
