@@ -346,7 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a .dbn or .dbn.zst file (trades, mbp-1, tbbo or mbp-10)")
     p.add_argument("--out", required=True, help="sidecar directory")
     p.add_argument("--rebuild", action="store_true", help="decode again even if the sidecar is fresh")
-    p.add_argument("--chunk-mib", type=int, default=8, help="decompressed MiB per chunk (bounds memory)")
+    p.add_argument(
+        "--chunk-mib",
+        type=int,
+        default=1,
+        help="decompressed MiB per chunk (bounds memory; default as the asset)",
+    )
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("inspect", help="describe a DBN file, a sidecar (.arrow) or an fxcache")
