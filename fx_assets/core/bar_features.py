@@ -251,9 +251,8 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    # with atr wanted, S goes to atr block by block and NATR = 100 S / C is taken over the
-    # block in a loop of its own (vectorised divisions); NATR alone divides in the recursion's
-    # loop, where the divisions overlap the recursion
+    # S goes to atr (without atr: to natr) block by block; NATR = 100 S / C is then taken over
+    # the block, still in L1, in a loop of its own (vectorised divisions, off the recursion)
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
@@ -262,11 +261,17 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
             k1 = min(k0 + _BLOCK, e)
             hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
             if want_a:
-                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, atr[k0:k1])
+                raw = atr[k0:k1]
+                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, raw)
                 if want_n:
-                    _percent_of(atr[k0:k1], cb, natr[k0:k1])
+                    pct = natr[k0:k1]
+                    for i in range(k1 - k0):
+                        pct[i] = 100.0 * raw[i] / cb[i]
             else:
-                s = _natr_block(hb, lb, pc, cb, s, a, b, a2, natr[k0:k1])
+                pct = natr[k0:k1]
+                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, pct)
+                for i in range(k1 - k0):
+                    pct[i] = 100.0 * pct[i] / cb[i]
             k0 = k1
         if e == nb:
             break
@@ -320,47 +325,6 @@ def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
     return s
 
 
-@njit(cache=True, error_model="numpy")
-def _natr_block(h, lo, pc, c, s, a, b, a2, out):
-    """As _wilder_tr_block (the same S), writing 100 S / C instead of S: the divisions of the
-    four bars of a step are independent of each other and of the recursion."""
-    a3 = a2 * a
-    a4 = a2 * a2
-    m = h.shape[0]
-    for i in range(m // 4):
-        p = 4 * i
-        t1 = _true_range(h[p], lo[p], pc[p])
-        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
-        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
-        u2 = t1 * a + t2
-        u3 = u2 * a + t3
-        u4 = u3 * a + t4
-        s1 = s * a + t1 * b
-        s2 = s * a2 + u2 * b
-        s3 = s * a3 + u3 * b
-        s = s * a4 + u4 * b
-        out[p] = 100.0 * s1 / c[p]
-        out[p + 1] = 100.0 * s2 / c[p + 1]
-        out[p + 2] = 100.0 * s3 / c[p + 2]
-        out[p + 3] = 100.0 * s / c[p + 3]
-    r = m % 4
-    if r:  # as in _wilder_tr_block
-        p = m - r
-        t1 = _true_range(h[p], lo[p], pc[p])
-        s1 = s * a + t1 * b
-        out[p] = 100.0 * s1 / c[p]
-        if r > 1:
-            u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-            s1 = s * a2 + u2 * b
-            out[p + 1] = 100.0 * s1 / c[p + 1]
-            if r > 2:
-                s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
-                out[p + 2] = 100.0 * s1 / c[p + 2]
-        s = s1
-    return s
-
-
 @njit(cache=True, inline="always")
 def _true_range(h, lo, pc):
     """max(H - L, |H - C_prev|, |L - C_prev|), as compare-selects (no branches)."""
@@ -369,13 +333,6 @@ def _true_range(h, lo, pc):
     x = y if y > x else x
     y = abs(lo - pc)
     return y if y > x else x
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _percent_of(x, c, out):
-    """out = 100 x / c, elementwise (out may be x)."""
-    for i in range(x.shape[0]):
-        out[i] = 100.0 * x[i] / c[i]
 
 
 @njit(cache=True, error_model="numpy")
