@@ -471,8 +471,10 @@ def _rsi_nb(o, c, inst, n):
 
 @njit(cache=True, error_model="numpy")
 def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
-    """Wilder means of gains / losses over a block without a roll, two bars per step (as
-    _wilder_tr_block); writes the gain mean and gain + loss mean; returns the last pair."""
+    """Wilder means of gains / losses over a block without a roll, two bars per step
+    (G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b; a partial step is the step's first bar, so a
+    cut series keeps every value); writes the gain mean and gain + loss mean; returns the
+    last pair."""
     m = c.shape[0]
     for i in range(m // 2):
         p = 2 * i
@@ -551,8 +553,8 @@ def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
     line = seed[sig - 1]
     sig_out[first_sig] = eg / c[first_sig]
     hist_out[first_sig] = (line - eg) / c[first_sig]
-    # EMA_t = EMA + k (x - EMA) is evaluated as EMA (1-k) + x k, two bars per step (as the
-    # Wilder recursions); the raw line and signal go to the outputs block by block and are
+    # EMA_t = EMA + k (x - EMA) is evaluated as EMA (1-k) + x k, two bars per step (as in
+    # _rsi_block); the raw line and signal go to the outputs block by block and are
     # divided by C in a loop of their own
     af, as_, ag = 1.0 - kf, 1.0 - ks, 1.0 - kg
     af2, as2, ag2 = af * af, as_ * as_, ag * ag
@@ -582,7 +584,7 @@ def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
 
 @njit(cache=True, error_model="numpy")
 def _macd_block(c, ef, es, eg, coef, line_out, sig_out):
-    """The three EMAs over a block without a roll, two bars per step (as _wilder_tr_block):
+    """The three EMAs over a block without a roll, two bars per step (as _rsi_block):
     writes the MACD line and signal in price units; returns the EMAs."""
     kf, ks, kg, af, as_, ag, af2, as2, ag2 = coef
     m = c.shape[0]
