@@ -10,14 +10,25 @@ updates) it measures, each in a fresh process (so peak memory is per measurement
 
 A book-heavy quarter (``book_ratio`` 2.5: ~47 M MBP-10 records, ~17 GB decoded) shows that
 the decoder's peak memory is set by the chunk size, not the file size; it is skipped when
-less than 60 GB of disk is free. Usage: ``python -m benchmarks.bench_decode`` (all) or
+less than 60 GB of disk is free. By default (issue 10) it measures instead, on the trades and MBP-10 files of the scale-out
+benchmark's scale-1 quarter (read only; the book-heavy market is never touched), ``--rounds``
+rounds each: the cold decode against the zstd floor on one core (``taskset -c 0``) and on two
+(``taskset -c 0,1``), wall and CPU, alternating A B A B, and ``fx-assets decode`` (a fresh
+process, as a user runs it) against the in-process decoder; ``--full`` runs the earlier set.
+
+Usage: ``python -m benchmarks.bench_decode [--rounds N | --full]`` or
 ``python -m benchmarks.bench_decode {zstd,cold,warm} ARGS`` (one measurement, JSON on stdout).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import resource
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,15 +64,21 @@ def sidecar_dir(root: Path, schema: str) -> Path:
 # --- single measurements (run in a fresh process) -------------------------------------------
 
 
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _zstd(source: str) -> dict[str, Any]:
     import zstandard
 
     def run() -> dict[str, Any]:
         n = 0
+        c0 = _cpu_self()
         with open(source, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
             while chunk := r.read(1 << 20):
                 n += len(chunk)
-        return {"decompressed_bytes": n}
+        return {"decompressed_bytes": n, "cpu_seconds": _cpu_self() - c0}
 
     return measure(run)
 
@@ -70,8 +87,10 @@ def _cold(source: str, dest: str, chunk_bytes: str) -> dict[str, Any]:
     from fx_assets.core.sidecar import build_sidecar
 
     def run() -> dict[str, Any]:
+        c0 = _cpu_self()
         info = build_sidecar(source, dest, chunk_bytes=int(chunk_bytes))
-        return {"n_records": info.n_records, "sidecar_bytes": Path(dest).stat().st_size}
+        cpu = _cpu_self() - c0
+        return {"n_records": info.n_records, "sidecar_bytes": Path(dest).stat().st_size, "cpu_seconds": cpu}
 
     return measure(run)
 
@@ -364,14 +383,208 @@ def run() -> dict[str, Any]:
     return payload
 
 
+# --- cores and the CLI (issue 10): the scale-1 quarter of the scale-out benchmark -------------
+
+SCALE1_ROOT = Path("/work/main/benchmarks/data/scaleout_scale1")  # read only
+ROUNDS = 3
+CPUS = {"one_core": "0", "two_cores": "0,1"}
+
+
+def rounds_summary(values: list[float], digits: int = 4) -> dict[str, Any]:
+    """{min, median, max, rounds} of repeated timings."""
+    return {
+        "min": round(min(values), digits),
+        "median": round(statistics.median(values), digits),
+        "max": round(max(values), digits),
+        "rounds": len(values),
+    }
+
+
+def _pinned(cpus: str, *args: str) -> dict[str, Any]:
+    """One measurement of this module in a fresh process pinned to ``cpus`` (taskset)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = ["taskset", "-c", cpus, sys.executable, "-m", MODULE, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _cli(cpus: str, source: Path, out_dir: Path) -> dict[str, float]:
+    """``fx-assets decode`` as a user runs it (a fresh ``python -m fx_assets.cli``, stderr not a
+    terminal, its default chunk): wall seconds from process start to exit, and its CPU."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = ["taskset", "-c", cpus, sys.executable, "-m", "fx_assets.cli", "decode", str(source)]
+    cmd += ["--out", str(out_dir), "--rebuild"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"seconds": wall, "cpu_seconds": cpu}
+
+
+def _core_set(source: Path, work: Path, label: str, rounds: int) -> dict[str, Any]:
+    """zstd floor and cold decode on one core and on two, alternating (A B A B) each round,
+    then the CLI against the in-process decoder (two cores), alternating."""
+    from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, sidecar_path
+
+    dest = sidecar_path(source, work / "inproc")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    cli_dir = work / "cli"
+    cli_dir.mkdir(parents=True, exist_ok=True)
+    chunk = str(DEFAULT_CHUNK_BYTES)
+    out: dict[str, Any] = {"file": str(source), "compressed_bytes": source.stat().st_size}
+    for key, cpus in CPUS.items():
+        z_w, z_c, c_w, c_c, ratio_w, ratio_c = [], [], [], [], [], []
+        for r in range(rounds):
+            print(f"[decode] {label} {key} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+            z = _pinned(cpus, "zstd", str(source))
+            dest.unlink(missing_ok=True)
+            c = _pinned(cpus, "cold", str(source), str(dest), chunk)
+            out["n_records"] = c["n_records"]
+            z_w.append(z["seconds"])
+            z_c.append(z["cpu_seconds"])
+            c_w.append(c["seconds"])
+            c_c.append(c["cpu_seconds"])
+            ratio_w.append(c["seconds"] / z["seconds"])
+            ratio_c.append(c["cpu_seconds"] / z["cpu_seconds"])
+        out[key] = {
+            "taskset": cpus,
+            "zstd_floor_s": rounds_summary(z_w),
+            "zstd_floor_cpu_s": rounds_summary(z_c),
+            "cold_decode_s": rounds_summary(c_w),
+            "cold_decode_cpu_s": rounds_summary(c_c),
+            "ratio_per_round": rounds_summary(ratio_w, 3),
+            "ratio_of_medians": round(statistics.median(c_w) / statistics.median(z_w), 3),
+            "cpu_ratio_per_round": rounds_summary(ratio_c, 3),
+        }
+    inproc, cli, cli_cpu = [], [], []
+    for r in range(rounds):
+        print(f"[decode] {label} CLI vs in-process round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+        dest.unlink(missing_ok=True)
+        inproc.append(_pinned(CPUS["two_cores"], "cold", str(source), str(dest), chunk)["seconds"])
+        dest.unlink(missing_ok=True)
+        shutil.rmtree(cli_dir, ignore_errors=True)  # both start without a sidecar (no old file to free)
+        cli_dir.mkdir(parents=True)
+        c = _cli(CPUS["two_cores"], source, cli_dir)
+        cli.append(c["seconds"])
+        cli_cpu.append(c["cpu_seconds"])
+    dest.unlink(missing_ok=True)
+    shutil.rmtree(cli_dir, ignore_errors=True)
+    out["cli_vs_in_process"] = {
+        "taskset": CPUS["two_cores"],
+        "in_process_build_sidecar_s": rounds_summary(inproc),
+        "cli_process_s": rounds_summary(cli),
+        "cli_cpu_s": rounds_summary(cli_cpu),
+        "cli_minus_in_process_median_s": round(statistics.median(cli) - statistics.median(inproc), 3),
+        "note": "in-process: build_sidecar timed inside an already-started process (default chunk); "
+        "CLI: `python -m fx_assets.cli decode SRC --out DIR --rebuild`, process start to exit, "
+        "stderr not a terminal, its default --chunk-mib",
+    }
+    return out
+
+
+def run_cores(rounds: int) -> dict[str, Any]:
+    """The issue-10 decode figures on the scale-1 quarter; writes results/bench_decode.json."""
+    load_before = load_average()
+    t_start = time.perf_counter()
+    found = {
+        schema: sorted((SCALE1_ROOT / "raw" / schema).glob("*/*.dbn.zst")) for schema in ("trades", "mbp-10")
+    }
+    if all(found.values()):
+        sources = {schema: files[0] for schema, files in found.items()}
+        where = f"{SCALE1_ROOT} (the scale-out benchmark's scale-1 quarter, read only)"
+    else:
+        root = ensure_market(*MAIN_MARKET)
+        sources = {schema: raw_file(root, schema, LAST_QUARTER) for schema in ("trades", "mbp-10")}
+        where = f"{root} ({LAST_QUARTER})"
+    work = Path(tempfile.mkdtemp(prefix="decode-", dir=_data_dir()))
+    try:
+        figures = {schema: _core_set(src, work, schema, rounds) for schema, src in sources.items()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    targets = []
+    for schema, f in figures.items():
+        targets.append(
+            target(
+                f"{schema}: cold decode <= 1.5x zstd on one core (taskset -c 0)",
+                f["one_core"]["ratio_of_medians"],
+                "<=",
+                1.5,
+                "x",
+                f"CPU-time ratio median {f['one_core']['cpu_ratio_per_round']['median']}",
+            )
+        )
+        targets.append(
+            target(
+                f"{schema}: cold decode <= 1.2x zstd with two cores (taskset -c 0,1)",
+                f["two_cores"]["ratio_of_medians"],
+                "<=",
+                1.2,
+                "x",
+            )
+        )
+        targets.append(
+            target(
+                f"{schema}: fx-assets decode (CLI) <= in-process decoder + 0.3 s",
+                f["cli_vs_in_process"]["cli_minus_in_process_median_s"],
+                "<=",
+                0.3,
+                "s",
+            )
+        )
+    return {
+        "command": command_line(),
+        "config": {
+            "sources": {k: str(v) for k, v in sources.items()},
+            "data": where,
+            "rounds": rounds,
+            "order": "per round: zstd then cold decode (same cores); then in-process then CLI",
+            "zstd_floor": "zstandard.ZstdDecompressor().stream_reader(file).read(1 MiB) until EOF, one thread",
+            "cpu": "user + sys of the measuring process (getrusage), next to wall time",
+            "notes": "each measurement in a fresh process; the machine is shared (load averages "
+            "recorded), so the wall figures carry other sessions' load",
+        },
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "wall_seconds": round(time.perf_counter() - t_start, 1),
+        "figures": figures,
+        "targets": targets,
+    }
+
+
+def _data_dir() -> Path:
+    from benchmarks.common import DATA
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    return DATA
+
+
 def _mem_gib() -> float:
     with open("/proc/meminfo") as fh:
         return int(fh.readline().split()[1]) / 2**20
 
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        out = run()
+    if not argv or argv[0].startswith("-"):
+        ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        ap.add_argument("--rounds", type=int, default=ROUNDS)
+        ap.add_argument(
+            "--full",
+            action="store_true",
+            help="the earlier full set instead (warm load, chunk size, book-heavy memory; "
+            "generates the 9-quarter market if absent)",
+        )
+        opts = ap.parse_args(argv)
+        if opts.rounds < 3:
+            ap.error("--rounds must be >= 3")
+        out = run() if opts.full else run_cores(opts.rounds)
+        if not opts.full:
+            write_result("bench_decode", out)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"

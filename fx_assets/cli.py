@@ -12,13 +12,38 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
-console = Console(stderr=True)
+
+class _LazyConsole:
+    """rich's stderr Console, imported on first use: ``fx-assets decode`` without a terminal
+    never loads rich (process start and imports count in a command this short)."""
+
+    _console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            type(self)._console = Console(stderr=True)
+        assert self._console is not None
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+console: Any = _LazyConsole()
+
+
+def _real_console() -> Console:
+    """The Console itself (rich's Live needs it, not the proxy; tests may replace ``console``)."""
+    return console.get() if isinstance(console, _LazyConsole) else console
+
 
 DEMO_SCALE = 0.01
 DEMO_SIGNAL = 1.0
@@ -26,13 +51,15 @@ DEMO_SEED = 7
 
 
 def _progress() -> Progress:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=console,
+        console=_real_console(),
         transient=False,
     )
 
@@ -83,27 +110,35 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    """Decode a DBN file into its predecoded sidecar (reused when fresh unless --rebuild)."""
-    from fx_assets.core import lineage
+    """Decode a DBN file into its predecoded sidecar (reused when fresh unless --rebuild).
+
+    Imports only what decoding needs (the stage's code version comes from ``codeversion``, not
+    from ``lineage``, which would load numba, pydantic and the feature registry) and shows a
+    progress bar only on a terminal."""
+    from fx_assets.core.codeversion import stage_version
     from fx_assets.core.sidecar import ensure_sidecar
 
     src = Path(args.path)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: no such file")
     t0 = time.perf_counter()
-    with _progress() as progress:
-        task = progress.add_task(f"decode {src.name}", total=max(src.stat().st_size, 1))
-        info = ensure_sidecar(
-            src,
-            Path(args.out),
-            rebuild=args.rebuild,
-            chunk_bytes=args.chunk_mib << 20,
-            code_version=lineage.code_version("predecoded"),
-            progress=lambda done, total: progress.update(task, completed=done, total=max(total, 1)),
-        )
+    kwargs: dict[str, Any] = {
+        "rebuild": args.rebuild,
+        "chunk_bytes": args.chunk_mib << 20,
+        "code_version": stage_version("predecoded"),
+    }
+    if sys.stderr.isatty():
+        with _progress() as progress:
+            task = progress.add_task(f"decode {src.name}", total=max(src.stat().st_size, 1))
+            kwargs["progress"] = lambda done, total: progress.update(
+                task, completed=done, total=max(total, 1)
+            )
+            info = ensure_sidecar(src, Path(args.out), **kwargs)
+    else:
+        info = ensure_sidecar(src, Path(args.out), **kwargs)
     seconds = time.perf_counter() - t0
     action = "reused" if info.reused else "decoded"
-    console.print(f"{action} {info.n_records:,} records -> {info.path} in {seconds:.2f}s", soft_wrap=True)
+    sys.stderr.write(f"{action} {info.n_records:,} records -> {info.path} in {seconds:.2f}s\n")
     return 0
 
 
@@ -133,6 +168,9 @@ def describe_path(path: Path) -> dict[str, Any]:
 
 def _print_description(desc: dict[str, Any]) -> None:
     scalars = {k: v for k, v in desc.items() if not isinstance(v, list | dict)}
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"{desc.get('kind', '?')}: {desc.get('path', '')}", show_header=False)
     for k, v in scalars.items():
         table.add_row(str(k), str(v))
@@ -193,7 +231,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     """Quote, confirm and fetch Databento files into the raw layout (see fx_assets.core.download)."""
-    from rich.progress import DownloadColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+    from rich.table import Table
 
     from fx_assets.core import download as dl
     from fx_assets.core.calendar import quarter_range
@@ -246,7 +292,7 @@ def cmd_download(args: argparse.Namespace) -> int:
                 return 1
         progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeElapsedColumn(), console=console,
+            TimeElapsedColumn(), console=_real_console(),
         )  # fmt: skip
         with progress:
             tasks: dict[str, Any] = {}
@@ -273,7 +319,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from fx_assets.demo import run_demo
 
-    return run_demo(scale=args.scale, seed=args.seed, signal=args.signal, console=console)
+    return run_demo(scale=args.scale, seed=args.seed, signal=args.signal, console=_real_console())
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -300,7 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a .dbn or .dbn.zst file (trades, mbp-1, tbbo or mbp-10)")
     p.add_argument("--out", required=True, help="sidecar directory")
     p.add_argument("--rebuild", action="store_true", help="decode again even if the sidecar is fresh")
-    p.add_argument("--chunk-mib", type=int, default=8, help="decompressed MiB per chunk (bounds memory)")
+    p.add_argument(
+        "--chunk-mib",
+        type=int,
+        default=1,
+        help="decompressed MiB per chunk (bounds memory; default as the asset)",
+    )
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("inspect", help="describe a DBN file, a sidecar (.arrow) or an fxcache")

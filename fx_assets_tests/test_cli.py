@@ -1,6 +1,9 @@
 """The sensor-free command-line path: synth -> (Dagster-free) inspect of DBN, sidecar, fxcache."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import databento as db
@@ -95,6 +98,25 @@ def test_decode_reuses_and_rebuilds(
     assert "reused 120 records" in capsys.readouterr().err
     assert main(["decode", str(src), "--out", str(tmp_path), "--rebuild"]) == 0
     assert "decoded 120 records" in capsys.readouterr().err
+
+
+def test_decode_imports_only_the_decoder(tmp_path: Path, dbn_fixtures: Path) -> None:
+    """`fx-assets decode` without a terminal loads neither the progress display nor the feature
+    stack (numba, pydantic), Dagster or torch: process start and imports are most of a short
+    decode's time (benchmarks/bench_decode.py: CLI vs in-process)."""
+    src = (
+        dbn_fixtures
+        / "nautilus_trader/historical_bars_catalog/futures_trades_2024-07-01T23-58_2024-07-02T00-02.dbn.zst"
+    )
+    code = (
+        "import sys; from fx_assets.cli import main; "
+        f"rc = main(['decode', {str(src)!r}, '--out', {str(tmp_path)!r}, '--rebuild']); "
+        "print(rc, sorted(m for m in ('rich', 'numba', 'pydantic', 'dagster', 'torch') if m in sys.modules))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.split() == ["0", "[]"], proc.stdout
+    assert "decoded 120 records" in proc.stderr
 
 
 @pytest.mark.parametrize("fmt", [[], ["--json"]])

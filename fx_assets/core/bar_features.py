@@ -173,51 +173,196 @@ def _ewma_vol_nb(r, alpha):
     return out
 
 
+@njit(cache=True, inline="always")
+def _roll_ratio(o, c, inst, j):
+    """R_j = O_j / C_{j-1} at a roll bar j > 0 (instrument changed from bar j-1), else 1."""
+    if j > 0 and inst[j] != inst[j - 1]:
+        return o[j] / c[j - 1]
+    return 1.0
+
+
+# The indicator kernels below find roll bars themselves (instrument change) and rescale their
+# state by R_j there: one pass over the bars, no shared temporaries. Outputs are written in
+# place (an output of length 0 is not wanted and not written) with NaN over the warm-up. The
+# warm-up (seeding) bars run in a loop of their own, and the steady-state loop runs from roll
+# to roll (``_next_roll``) so that no roll test sits on the recursion's critical path.
+# Wilder smoothing (S*(n-1) + x)/n is evaluated as S*a + x*b, a = (n-1)/n, b = 1/n: no
+# division on the critical path; the recursion contracts by a per bar, so the rounding
+# difference stays within a few ulps of S (the parity test bounds it by 1e-12).
+# error_model="numpy": a float division by zero gives inf/NaN instead of a raised exception,
+# so numba emits no zero test per division (which kept the loops from vectorising); inputs
+# are positive prices (compute_bar_features checks them) and every 0/0 case is guarded.
+
+
+# Bars per block of the indicator kernels' steady-state loops; a multiple of 4, so that the
+# steps of several bars start at the same bars (counted from the last roll) in any series
+# that shares the prefix: a value never depends on where the series ends.
+_BLOCK = 512
+
+
 @njit(cache=True)
-def _atr_nb(o, h, lo, c, roll, ratio, n):
-    """Wilder ATR with TA-Lib seeding: mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n."""
+def _next_roll(inst, j):
+    """The first roll bar k >= j >= 1 (inst[k] != inst[k-1]), or len(inst). Scans blocks with a
+    count of changes (vectorised) and searches only a block that has one."""
+    nb = inst.shape[0]
+    k0 = j
+    while k0 < nb:
+        k1 = min(k0 + _BLOCK, nb)
+        cur = inst[k0:k1]
+        prev = inst[k0 - 1 : k1 - 1]
+        changes = 0
+        for i in range(k1 - k0):
+            changes += cur[i] != prev[i]
+        if changes:
+            for i in range(k1 - k0):
+                if cur[i] != prev[i]:
+                    return k0 + i
+        k0 = k1
+    return nb
+
+
+@njit(cache=True, error_model="numpy")
+def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
+    """Wilder ATR with TA-Lib seeding (mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n) into
+    ``atr`` and NATR = 100 * ATR / C into ``natr``."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    want_a = atr.shape[0] == nb
+    want_n = natr.shape[0] == nb
+    for j in range(min(n, nb)):
+        if want_a:
+            atr[j] = np.nan
+        if want_n:
+            natr[j] = np.nan
+    if nb <= n:
+        return
     s = 0.0
-    cnt = 0
-    for j in range(1, nb):
-        if roll[j]:
-            s *= ratio[j]
+    for j in range(1, n + 1):
+        if inst[j] != inst[j - 1]:
+            s *= o[j] / c[j - 1]
             pc = o[j]
         else:
             pc = c[j - 1]
-        tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
-        if cnt < n:
-            s += tr
-            cnt += 1
-            if cnt == n:
-                s = s / n
-                out[j] = s
-        else:
-            s = (s * (n - 1) + tr) / n
-            out[j] = s
-    return out
+        s += max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
+    s = s / n
+    if want_a:
+        atr[n] = s
+    if want_n:
+        natr[n] = 100.0 * s / c[n]
+    a = (n - 1) / n
+    b = 1.0 / n
+    a2 = a * a
+    # S goes to atr (without atr: to natr) block by block; NATR = 100 S / C is then taken over
+    # the block, still in L1, in a loop of its own (vectorised divisions, off the recursion)
+    j = n + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
+            if want_a:
+                raw = atr[k0:k1]
+                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, raw)
+                if want_n:
+                    pct = natr[k0:k1]
+                    for i in range(k1 - k0):
+                        pct[i] = 100.0 * raw[i] / cb[i]
+            else:
+                pct = natr[k0:k1]
+                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, pct)
+                for i in range(k1 - k0):
+                    pct[i] = 100.0 * pct[i] / cb[i]
+            k0 = k1
+        if e == nb:
+            break
+        s *= o[e] / c[e - 1]
+        pc = o[e]
+        s = s * a + max(h[e] - lo[e], abs(h[e] - pc), abs(lo[e] - pc)) * b
+        if want_a:
+            atr[e] = s
+        if want_n:
+            natr[e] = 100.0 * s / c[e]
+        j = e + 1
 
 
-@njit(cache=True)
-def _dmi_nb(o, h, lo, c, roll, ratio, n):
+@njit(cache=True, error_model="numpy")
+def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), four
+    bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a + TR_{k+3}) b,
+    the three bars between from S_{k-1} likewise (off the recursion's critical path). Writes S;
+    returns the last. Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+    a3 = a2 * a
+    a4 = a2 * a2
+    m = h.shape[0]
+    for i in range(m // 4):
+        p = 4 * i
+        t1 = _true_range(h[p], lo[p], pc[p])
+        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
+        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
+        u2 = t1 * a + t2
+        u3 = u2 * a + t3
+        u4 = u3 * a + t4
+        out[p] = s * a + t1 * b
+        out[p + 1] = s * a2 + u2 * b
+        out[p + 2] = s * a3 + u3 * b
+        s = s * a4 + u4 * b
+        out[p + 3] = s
+    r = m % 4
+    if r:  # a partial step: the same formulas (a series cut here keeps every bar's value)
+        p = m - r
+        t1 = _true_range(h[p], lo[p], pc[p])
+        s1 = s * a + t1 * b
+        out[p] = s1
+        if r > 1:
+            u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+            s1 = s * a2 + u2 * b
+            out[p + 1] = s1
+            if r > 2:
+                s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
+                out[p + 2] = s1
+        s = s1
+    return s
+
+
+@njit(cache=True, inline="always")
+def _true_range(h, lo, pc):
+    """max(H - L, |H - C_prev|, |L - C_prev|), as compare-selects (no branches)."""
+    x = h - lo
+    y = abs(h - pc)
+    x = y if y > x else x
+    y = abs(lo - pc)
+    return y if y > x else x
+
+
+@njit(cache=True, error_model="numpy")
+def _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx):
     """+DI, -DI and ADX, replicating TA-Lib: Wilder *sums* seeded with n-1 raw DM/TR, first DI
     at bar n, ADX = mean of the first n DX at bar 2n-1, then (ADX*(n-1)+DX)/n. When the
     smoothed TR or the DI sum is 0 the previous DI / ADX is carried (DI starts at 0)."""
     nb = c.shape[0]
-    pdi = np.full(nb, np.nan)
-    mdi = np.full(nb, np.nan)
-    adx = np.full(nb, np.nan)
+    want_p = pdi.shape[0] == nb
+    want_m = mdi.shape[0] == nb
+    want_a = adx.shape[0] == nb
+    for j in range(min(n, nb)):
+        if want_p:
+            pdi[j] = np.nan
+        if want_m:
+            mdi[j] = np.nan
+    if want_a:
+        for j in range(min(2 * n - 1, nb)):
+            adx[j] = np.nan
+    a = (n - 1) / n
+    b = 1.0 / n
     sp = 0.0
     sm = 0.0
     st = 0.0
-    k = 0
     p_v = 0.0
     m_v = 0.0
     adx_s = 0.0
     for j in range(1, nb):
-        if roll[j]:
-            rr = ratio[j]
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
             sp *= rr
             sm *= rr
             st *= rr
@@ -233,15 +378,14 @@ def _dmi_nb(o, h, lo, c, roll, ratio, n):
         pdm = up if (up > dn and up > 0.0) else 0.0
         mdm = dn if (dn > up and dn > 0.0) else 0.0
         tr = max(h[j] - lo[j], abs(h[j] - pc), abs(lo[j] - pc))
-        k += 1
-        if k < n:
+        if j < n:
             sp += pdm
             sm += mdm
             st += tr
             continue
-        sp = sp - sp / n + pdm
-        sm = sm - sm / n + mdm
-        st = st - st / n + tr
+        sp = sp - sp * b + pdm
+        sm = sm - sm * b + mdm
+        st = st - st * b + tr
         valid = False
         dx = 0.0
         if st != 0.0:
@@ -251,130 +395,325 @@ def _dmi_nb(o, h, lo, c, roll, ratio, n):
             if tot != 0.0:
                 dx = 100.0 * abs(p_v - m_v) / tot
                 valid = True
-        pdi[j] = p_v
-        mdi[j] = m_v
-        if k < 2 * n:
+        if want_p:
+            pdi[j] = p_v
+        if want_m:
+            mdi[j] = m_v
+        if j < 2 * n:
             if valid:
                 adx_s += dx
-            if k == 2 * n - 1:
+            if j == 2 * n - 1:
                 adx_s = adx_s / n
-                adx[j] = adx_s
+                if want_a:
+                    adx[j] = adx_s
         else:
             if valid:
-                adx_s = (adx_s * (n - 1) + dx) / n
-            adx[j] = adx_s
-    return pdi, mdi, adx
+                adx_s = adx_s * a + dx * b
+            if want_a:
+                adx[j] = adx_s
 
 
-@njit(cache=True)
-def _rsi_nb(o, c, roll, ratio, n):
+@njit(cache=True, error_model="numpy")
+def _rsi_nb(o, c, inst, n):
     """Wilder RSI, TA-Lib seeding (mean gain/loss of the first n changes, first value at bar
     n). A flat window (mean gain + mean loss == 0) gives 50 (TA-Lib gives 0)."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    out = np.empty(nb, np.float64)
+    for j in range(min(n, nb)):
+        out[j] = np.nan
+    if nb <= n:
+        return out
     g = 0.0
     lo = 0.0
-    k = 0
-    for j in range(1, nb):
-        if roll[j]:
-            g *= ratio[j]
-            lo *= ratio[j]
+    for j in range(1, n + 1):
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
+            g *= rr
+            lo *= rr
             d = c[j] - o[j]
         else:
             d = c[j] - c[j - 1]
-        gain = d if d > 0.0 else 0.0
-        loss = -d if d < 0.0 else 0.0
-        k += 1
-        if k <= n:
-            g += gain
-            lo += loss
-            if k < n:
-                continue
-            g /= n
-            lo /= n
-        else:
-            g = (g * (n - 1) + gain) / n
-            lo = (lo * (n - 1) + loss) / n
+        g += d if d > 0.0 else 0.0
+        lo += -d if d < 0.0 else 0.0
+    g /= n
+    lo /= n
+    tot = g + lo
+    out[n] = 100.0 * g / tot if tot > 0.0 else 50.0
+    a = (n - 1) / n
+    b = 1.0 / n
+    a2 = a * a
+    tot_buf = np.empty(_BLOCK, np.float64)
+    j = n + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            blk = out[k0:k1]
+            tots = tot_buf[: k1 - k0]
+            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, blk, tots)
+            for i in range(k1 - k0):
+                blk[i] = 100.0 * blk[i] / tots[i] if tots[i] > 0.0 else 50.0
+            k0 = k1
+        if e == nb:
+            break
+        rr = o[e] / c[e - 1]
+        g *= rr
+        lo *= rr
+        d = c[e] - o[e]
+        g = g * a + (d if d > 0.0 else 0.0) * b
+        lo = lo * a + (-d if d < 0.0 else 0.0) * b
         tot = g + lo
-        out[j] = 100.0 * g / tot if tot > 0.0 else 50.0
+        out[e] = 100.0 * g / tot if tot > 0.0 else 50.0
+        j = e + 1
     return out
 
 
+@njit(cache=True, error_model="numpy")
+def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
+    """Wilder means of gains / losses over a block without a roll, two bars per step
+    (G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b; a partial step is the step's first bar, so a
+    cut series keeps every value); writes the gain mean and gain + loss mean; returns the
+    last pair."""
+    m = c.shape[0]
+    for i in range(m // 2):
+        p = 2 * i
+        q = p + 1
+        d1 = c[p] - pc[p]
+        d2 = c[q] - pc[q]
+        u1 = d1 if d1 > 0.0 else 0.0
+        v1 = -d1 if d1 < 0.0 else 0.0
+        u2 = d2 if d2 > 0.0 else 0.0
+        v2 = -d2 if d2 < 0.0 else 0.0
+        g1 = g * a + u1 * b
+        gain_out[p] = g1
+        tot_out[p] = g1 + (lo * a + v1 * b)
+        g = g * a2 + (u1 * a + u2) * b
+        lo = lo * a2 + (v1 * a + v2) * b
+        gain_out[q] = g
+        tot_out[q] = g + lo
+    if m % 2:
+        p = m - 1
+        d = c[p] - pc[p]
+        g = g * a + (d if d > 0.0 else 0.0) * b
+        lo = lo * a + (-d if d < 0.0 else 0.0) * b
+        gain_out[p] = g
+        tot_out[p] = g + lo
+    return g, lo
+
+
 @njit(cache=True)
-def _adjusted_mean_nb(x, ratio, j, length):
-    """Mean of x[j-length+1..j], each rescaled into bar j's contract units."""
+def _adjusted_mean_nb(x, off, o, c, inst, j, length):
+    """Mean of the values of bars j-length+1..j (bar m's value is x[m - off]), each rescaled
+    into bar j's contract units."""
     s = 0.0
     f = 1.0
     for m in range(j, j - length, -1):
-        s += x[m] * f
-        f *= ratio[m]
+        s += x[m - off] * f
+        f *= _roll_ratio(o, c, inst, m)
     return s / length
 
 
-@njit(cache=True)
-def _macd_nb(c, ratio, fast, slow, sig):
-    """MACD line, signal and histogram (price units), replicating TA-Lib's TA_MACD seeding: both
-    EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal EMA
-    at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
-    k = 2/(span+1)."""
+@njit(cache=True, error_model="numpy")
+def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
+    """MACD line, signal and histogram divided by C_j, replicating TA-Lib's TA_MACD seeding:
+    both EMAs are seeded at bar slow-1 with the SMA of the last (fast | slow) closes, the signal
+    EMA at bar slow+sig-2 with the SMA of the first sig MACD values; EMA_t = EMA + k (x - EMA),
+    k = 2/(span+1). The division by C_j is a multiplication by 1/C_j (<= 1 ulp apart)."""
     nb = c.shape[0]
-    line = np.full(nb, np.nan)
-    sgl = np.full(nb, np.nan)
     kf = 2.0 / (fast + 1.0)
     ks = 2.0 / (slow + 1.0)
     kg = 2.0 / (sig + 1.0)
-    ef = 0.0
-    es = 0.0
-    eg = 0.0
     first_sig = slow + sig - 2
-    for j in range(nb):
-        rr = ratio[j]
-        ef *= rr
-        es *= rr
-        eg *= rr
+    for j in range(min(first_sig, nb)):
+        sig_out[j] = np.nan
+        hist_out[j] = np.nan
         if j < slow - 1:
-            continue
-        if j == slow - 1:
-            ef = _adjusted_mean_nb(c, ratio, j, fast)
-            es = _adjusted_mean_nb(c, ratio, j, slow)
-        else:
-            ef += kf * (c[j] - ef)
-            es += ks * (c[j] - es)
-        line[j] = ef - es
-        if j == first_sig:
-            eg = _adjusted_mean_nb(line, ratio, j, sig)
-        elif j > first_sig:
-            eg += kg * (line[j] - eg)
-        if j >= first_sig:
-            sgl[j] = eg
-    return line, sgl
+            line_out[j] = np.nan
+    if nb < slow:
+        return
+    j = slow - 1
+    ef = _adjusted_mean_nb(c, 0, o, c, inst, j, fast)
+    es = _adjusted_mean_nb(c, 0, o, c, inst, j, slow)
+    seed = np.empty(sig, np.float64)  # MACD values (price units) of bars slow-1..first_sig
+    seed[0] = ef - es
+    line_out[j] = seed[0] / c[j]
+    for j in range(slow, min(first_sig + 1, nb)):
+        if inst[j] != inst[j - 1]:
+            rr = o[j] / c[j - 1]
+            ef *= rr
+            es *= rr
+        ef += kf * (c[j] - ef)
+        es += ks * (c[j] - es)
+        seed[j - (slow - 1)] = ef - es
+        line_out[j] = seed[j - (slow - 1)] / c[j]
+    if nb <= first_sig:
+        return
+    eg = _adjusted_mean_nb(seed, slow - 1, o, c, inst, first_sig, sig)
+    line = seed[sig - 1]
+    sig_out[first_sig] = eg / c[first_sig]
+    hist_out[first_sig] = (line - eg) / c[first_sig]
+    # EMA_t = EMA + k (x - EMA) is evaluated as EMA (1-k) + x k, two bars per step (as in
+    # _rsi_block); the raw line and signal go to the outputs block by block and are
+    # divided by C in a loop of their own
+    af, as_, ag = 1.0 - kf, 1.0 - ks, 1.0 - kg
+    af2, as2, ag2 = af * af, as_ * as_, ag * ag
+    j = first_sig + 1
+    while j < nb:
+        e = _next_roll(inst, j)
+        k0 = j
+        while k0 < e:
+            k1 = min(k0 + _BLOCK, e)
+            ks3 = (kf, ks, kg, af, as_, ag, af2, as2, ag2)
+            ef, es, eg = _macd_block(c[k0:k1], ef, es, eg, ks3, line_out[k0:k1], sig_out[k0:k1])
+            _macd_scale(c[k0:k1], line_out[k0:k1], sig_out[k0:k1], hist_out[k0:k1])
+            k0 = k1
+        if e == nb:
+            break
+        rr = o[e] / c[e - 1]
+        ck = c[e]
+        ef = ef * rr * af + ck * kf
+        es = es * rr * as_ + ck * ks
+        line = ef - es
+        eg = eg * rr * ag + line * kg
+        line_out[e] = line
+        sig_out[e] = eg
+        _macd_scale(c[e : e + 1], line_out[e : e + 1], sig_out[e : e + 1], hist_out[e : e + 1])
+        j = e + 1
 
 
-@njit(cache=True)
-def _bb_pctb_nb(c, ratio, w, kk):
+@njit(cache=True, error_model="numpy")
+def _macd_block(c, ef, es, eg, coef, line_out, sig_out):
+    """The three EMAs over a block without a roll, two bars per step (as _rsi_block):
+    writes the MACD line and signal in price units; returns the EMAs."""
+    kf, ks, kg, af, as_, ag, af2, as2, ag2 = coef
+    m = c.shape[0]
+    for i in range(m // 2):
+        p = 2 * i
+        q = p + 1
+        c1 = c[p]
+        c2 = c[q]
+        l1 = (ef * af + c1 * kf) - (es * as_ + c1 * ks)
+        ef = ef * af2 + (c1 * af + c2) * kf
+        es = es * as2 + (c1 * as_ + c2) * ks
+        l2 = ef - es
+        line_out[p] = l1
+        sig_out[p] = eg * ag + l1 * kg
+        eg = eg * ag2 + (l1 * ag + l2) * kg
+        line_out[q] = l2
+        sig_out[q] = eg
+    if m % 2:
+        p = m - 1
+        ef = ef * af + c[p] * kf
+        es = es * as_ + c[p] * ks
+        line = ef - es
+        eg = eg * ag + line * kg
+        line_out[p] = line
+        sig_out[p] = eg
+    return ef, es, eg
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _macd_scale(c, line, sgl, hist):
+    """(line, signal) in price units -> (line, signal, line - signal) divided by C."""
+    for i in range(c.shape[0]):
+        inv = 1.0 / c[i]
+        x = line[i]
+        y = sgl[i]
+        line[i] = x * inv
+        sgl[i] = y * inv
+        hist[i] = (x - y) * inv
+
+
+_BB_BLOCK = 256  # bars per block of the Bollinger kernel (its sums stay in L1)
+
+
+@njit(cache=True, error_model="numpy")
+def _bb_pctb_nb(o, c, inst, w, kk):
     """Bollinger %b = (C - (mu - k sigma)) / (2 k sigma) on the last w adjusted closes,
-    population sigma (two-pass), sigma == 0 -> 0.5."""
+    population sigma (two-pass), sigma == 0 -> 0.5.
+
+    Blocks of bars whose windows hold no roll take the sums across bars (the inner loop runs
+    over the bars of the block, so it vectorises; four window terms per sweep, added in the
+    per-bar order, so each bar's sums are bit-identical to the per-bar loop); a block that a
+    roll rescales runs the per-bar loop. The inner loops index slices from 0: numba then omits
+    its negative-index wraparound, which would otherwise block vectorisation."""
     nb = c.shape[0]
-    out = np.full(nb, np.nan)
+    out = np.empty(nb, np.float64)
+    for j in range(min(w - 1, nb)):
+        out[j] = np.nan
+    acc_buf = np.empty(_BB_BLOCK, np.float64)
+    var_buf = np.empty(_BB_BLOCK, np.float64)
     buf = np.empty(w, np.float64)
-    for j in range(w - 1, nb):
-        f = 1.0
-        s = 0.0
-        for m in range(w):
-            x = c[j - m] * f
-            buf[m] = x
-            s += x
-            f *= ratio[j - m]
-        mu = s / w
-        v = 0.0
-        for m in range(w):
-            d = buf[m] - mu
-            v += d * d
-        sd = math.sqrt(v / w)
-        if sd > 0.0:
-            out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd)
+    w4 = w - w % 4
+    j0 = w - 1
+    while j0 < nb:
+        j1 = min(j0 + _BB_BLOCK, nb)
+        rolled = False
+        for k in range(max(j0 - w + 2, 1), j1):  # R_k rescales the windows of bars k..k+w-2
+            if inst[k] != inst[k - 1]:
+                rolled = True
+                break
+        if rolled:
+            for j in range(j0, j1):
+                f = 1.0
+                s = 0.0
+                for m in range(w):
+                    x = c[j - m] * f
+                    buf[m] = x
+                    s += x
+                    f *= _roll_ratio(o, c, inst, j - m)
+                mu = s / w
+                v = 0.0
+                for m in range(w):
+                    d = buf[m] - mu
+                    v += d * d
+                sd = math.sqrt(v / w)
+                out[j] = (c[j] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
         else:
-            out[j] = 0.5
+            nj = j1 - j0
+            acc = acc_buf[:nj]
+            var = var_buf[:nj]
+            for i in range(nj):
+                acc[i] = 0.0
+                var[i] = 0.0
+            for m in range(0, w4, 4):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
+                for i in range(nj):
+                    acc[i] = (((acc[i] + c0[i]) + c1[i]) + c2[i]) + c3[i]
+            for m in range(w4, w):
+                c0 = c[j0 - m : j1 - m]
+                for i in range(nj):
+                    acc[i] += c0[i]
+            for i in range(nj):
+                acc[i] = acc[i] / w
+            for m in range(0, w4, 4):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
+                for i in range(nj):
+                    mu = acc[i]
+                    d0 = c0[i] - mu
+                    d1 = c1[i] - mu
+                    d2 = c2[i] - mu
+                    d3 = c3[i] - mu
+                    var[i] = (((var[i] + d0 * d0) + d1 * d1) + d2 * d2) + d3 * d3
+            for m in range(w4, w):
+                c0 = c[j0 - m : j1 - m]
+                for i in range(nj):
+                    d = c0[i] - acc[i]
+                    var[i] += d * d
+            cj = c[j0:j1]
+            oj = out[j0:j1]
+            for i in range(nj):
+                mu = acc[i]
+                sd = math.sqrt(var[i] / w)
+                oj[i] = (cj[i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
+        j0 = j1
     return out
 
 
@@ -492,6 +831,93 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
         out[j] = best
 
 
+# --- indicator wrappers (validate, then one kernel pass) -------------------------------------
+
+_EMPTY = np.empty(0, np.float64)
+
+
+def _series(n_min: int, **arrays: np.ndarray) -> list[np.ndarray]:
+    """The named 1-D arrays, all of one length (prices as contiguous float64, ``inst`` as is);
+    FxDataError naming the array otherwise. ``n_min``: the period, checked >= 1."""
+    if n_min < 1:
+        raise FxDataError(f"indicator period {n_min} must be >= 1")
+    out = []
+    length = None
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if a.ndim != 1:
+            raise FxDataError(f"indicator input {name!r} has shape {a.shape}, expected 1-D")
+        if length is None:
+            length = a.shape[0]
+        elif a.shape[0] != length:
+            raise FxDataError(f"indicator input {name!r} has {a.shape[0]} bars, expected {length}")
+        if name == "inst":
+            if a.dtype.kind not in "iu":
+                raise FxDataError(f"indicator input 'inst' has dtype {a.dtype}, expected integer ids")
+            out.append(np.ascontiguousarray(a))
+        else:
+            out.append(np.ascontiguousarray(a, dtype=np.float64))
+    return out
+
+
+def atr_natr(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> tuple[F64, F64]:
+    """Roll-adjusted Wilder ATR (price units) and NATR (percent of C) of bars (open, high, low,
+    close, instrument id); NaN before bar n."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    atr = np.empty_like(c)
+    natr = np.empty_like(c)
+    _atr_into_nb(o, h, lo, c, inst, n, atr, natr)
+    return atr, natr
+
+
+def natr(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted NATR (percent of C) alone; as ``atr_natr(...)[1]``."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    out = np.empty_like(c)
+    _atr_into_nb(o, h, lo, c, inst, n, _EMPTY, out)
+    return out
+
+
+def dmi(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> tuple[F64, F64, F64]:
+    """Roll-adjusted +DI, -DI (NaN before bar n) and ADX (NaN before bar 2n-1), TA-Lib seeding."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    pdi, mdi, adx_ = np.empty_like(c), np.empty_like(c), np.empty_like(c)
+    _dmi_into_nb(o, h, lo, c, inst, n, pdi, mdi, adx_)
+    return pdi, mdi, adx_
+
+
+def adx(o: F64, h: F64, lo: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted ADX alone; as ``dmi(...)[2]``."""
+    o, h, lo, c, inst = _series(n, o=o, h=h, lo=lo, c=c, inst=inst)
+    out = np.empty_like(c)
+    _dmi_into_nb(o, h, lo, c, inst, n, _EMPTY, _EMPTY, out)
+    return out
+
+
+def rsi(o: F64, c: F64, inst: np.ndarray, n: int) -> F64:
+    """Roll-adjusted Wilder RSI (0..100, flat window 50); NaN before bar n."""
+    o, c, inst = _series(n, o=o, c=c, inst=inst)
+    return _rsi_nb(o, c, inst, n)
+
+
+def macd(o: F64, c: F64, inst: np.ndarray, fast: int, slow: int, sig: int) -> tuple[F64, F64, F64]:
+    """Roll-adjusted MACD line, signal and histogram, each divided by C_j (TA-Lib seeding)."""
+    if not fast < slow:
+        raise FxDataError(f"MACD: fast span {fast} must be < slow span {slow}")
+    o, c, inst = _series(min(fast, sig), o=o, c=c, inst=inst)
+    line, sgl, hist = np.empty_like(c), np.empty_like(c), np.empty_like(c)
+    _macd_into_nb(o, c, inst, fast, slow, sig, line, sgl, hist)
+    return line, sgl, hist
+
+
+def bollinger_pctb(o: F64, c: F64, inst: np.ndarray, w: int, k: float) -> F64:
+    """Roll-adjusted Bollinger %b over w closes, population sigma, k sigmas; NaN before bar w-1."""
+    if not (math.isfinite(k) and k > 0):
+        raise FxDataError(f"Bollinger: k = {k!r} must be finite and > 0")
+    o, c, inst = _series(w, o=o, c=c, inst=inst)
+    return _bb_pctb_nb(o, c, inst, w, float(k))
+
+
 # Below this many bars per thread one call is faster than starting threads.
 _MIN_BARS_PER_THREAD = 50_000
 
@@ -559,22 +985,20 @@ class _Ctx:
 
     def dmi(self) -> tuple[F64, F64, F64]:
         b = self.bars
-        _, _, roll, ratio = self.returns()
         n = self.cfg.wilder_period
-        return self.get("dmi", lambda: _dmi_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+        return self.get("dmi", lambda: dmi(b.open, b.high, b.low, b.close, b.instrument_id, n))
 
-    def atr(self) -> F64:
+    def atr(self) -> tuple[F64, F64]:
         b = self.bars
-        _, _, roll, ratio = self.returns()
         n = self.cfg.wilder_period
-        return self.get("atr", lambda: _atr_nb(b.open, b.high, b.low, b.close, roll, ratio, n))
+        return self.get("atr", lambda: atr_natr(b.open, b.high, b.low, b.close, b.instrument_id, n))
 
-    def macd(self) -> tuple[F64, F64]:
+    def macd(self) -> tuple[F64, F64, F64]:
         c = self.cfg
-        ratio = self.returns()[3]
+        b = self.bars
         return self.get(
             "macd",
-            lambda: _macd_nb(self.bars.close, ratio, c.macd_fast, c.macd_slow, c.macd_signal),
+            lambda: macd(b.open, b.close, b.instrument_id, c.macd_fast, c.macd_slow, c.macd_signal),
         )
 
     def cusum(self) -> tuple[F64, F64, F64]:
@@ -680,7 +1104,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, math.inf),
-            lambda x: x.atr(),
+            lambda x: x.atr()[0],
         ),
         FeatureSpec(
             f"natr_{n}",
@@ -688,7 +1112,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, math.inf),
-            lambda x: x.get("natr", lambda: 100.0 * x.atr() / x.bars.close),
+            lambda x: x.atr()[1],
         ),
         FeatureSpec(
             f"plus_di_{n}",
@@ -721,10 +1145,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             wild + n + 1,
             n,
             (0.0, 100.0),
-            lambda x: x.get(
-                "rsi",
-                lambda: _rsi_nb(x.bars.open, x.bars.close, x.returns()[2], x.returns()[3], n),
-            ),
+            lambda x: x.get("rsi", lambda: rsi(x.bars.open, x.bars.close, x.bars.instrument_id, n)),
         ),
         FeatureSpec(
             f"macd_{c.macd_fast}_{c.macd_slow}",
@@ -732,7 +1153,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + c.macd_slow,
             c.macd_slow - 1,
             (-1.0, 1.0),
-            lambda x: x.get("macd_line", lambda: x.macd()[0] / x.bars.close),
+            lambda x: x.macd()[0],
         ),
         FeatureSpec(
             f"macd_signal_{c.macd_signal}",
@@ -740,7 +1161,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + sig_mem + c.macd_slow + c.macd_signal,
             c.macd_slow + c.macd_signal - 2,
             (-1.0, 1.0),
-            lambda x: x.get("macd_sig", lambda: x.macd()[1] / x.bars.close),
+            lambda x: x.macd()[1],
         ),
         FeatureSpec(
             "macd_hist",
@@ -748,7 +1169,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             macd_mem + sig_mem + c.macd_slow + c.macd_signal,
             c.macd_slow + c.macd_signal - 2,
             (-1.0, 1.0),
-            lambda x: (x.macd()[0] - x.macd()[1]) / x.bars.close,
+            lambda x: x.macd()[2],
         ),
         FeatureSpec(
             f"bb_pctb_{c.bb_window}",
@@ -759,7 +1180,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             (0.5 - bbb - eps, 0.5 + bbb + eps),
             lambda x: x.get(
                 "bb",
-                lambda: _bb_pctb_nb(x.bars.close, x.returns()[3], c.bb_window, c.bb_k),
+                lambda: bollinger_pctb(x.bars.open, x.bars.close, x.bars.instrument_id, c.bb_window, c.bb_k),
             ),
         ),
         FeatureSpec(

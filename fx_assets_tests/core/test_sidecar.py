@@ -598,3 +598,29 @@ def test_assets_pass_the_derived_decoder_version(tmp_path: Path) -> None:
     info = require_sidecar(storage, "trades", part)
     meta = pa.ipc.open_file(pa.memory_map(str(info.path))).schema.metadata
     assert meta[b"fx.code_version"].decode() == lineage.code_version("predecoded") != ""
+
+
+@pytest.mark.parametrize(
+    ("src", "n", "zstd"),
+    [
+        (TRADES_V1, 30_011, True),
+        (MBP1_BIG, 20_003, False),
+        (FIX / "dbn" / "test_data.mbp-10.v3.dbn.zst", 9_001, True),
+    ],
+)
+def test_split_by_words_writes_the_same_file(
+    src: Path, n: int, zstd: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The word-wise split of the 1- and 2-byte fields (sidecar._Columns._plan) writes a file
+    byte for byte equal to one written with a strided copy per field: same layout, columns,
+    checksums and metadata."""
+    big = tiled(src, n)
+    p = write_dbn(tmp_path / f"big.dbn{'.zst' if zstd else ''}", dbn.read_header(src).header_bytes, big, zstd=zstd)
+    fast = sidecar.build_sidecar(p, tmp_path / "fast" / "x.arrow", chunk_bytes=8192 + 5)
+    monkeypatch.setattr(sidecar, "_FAST_SPLIT", False)
+    ref = sidecar.build_sidecar(p, tmp_path / "ref" / "x.arrow", chunk_bytes=8192 + 5)
+    assert fast.path.read_bytes() == ref.path.read_bytes()
+    cols = sidecar.sidecar_columns(fast.path)
+    for name in ("rtype", "publisher_id", "action", "side", "flags", "depth"):
+        np.testing.assert_array_equal(cols[name], big[name], name)
+    sidecar.verify_sidecar(fast.path, p)
