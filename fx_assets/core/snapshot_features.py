@@ -584,3 +584,30 @@ def snapshot_features(
         st.ts_ring, st.vpin_ring, st.vpin_cur, out,
     )  # fmt: skip
     return out.T, st
+
+
+def last_closed_bar(close_rows: npt.ArrayLike, n_rows: int, row0: int = 0) -> npt.NDArray[np.int64]:
+    """For each snapshot row ``row0 .. row0 + n_rows - 1``, the index of the last bar *closed
+    strictly before it*: bar j is closed for row n only if the row of its closing record is < n
+    (an equal ``ts_recv`` is not "before", snapshot.md §4.2), else -1. ``close_rows`` are the bars'
+    closing rows in the snapshot stream, increasing. Chunks pass their first row as ``row0``."""
+    c = np.asarray(close_rows, dtype=np.int64)
+    if c.ndim != 1 or (c.size > 1 and bool((np.diff(c) < 0).any())):
+        raise FxDataError("last_closed_bar: close_rows must be a 1-D increasing array of row indices")
+    rows = np.arange(row0, row0 + n_rows, dtype=np.int64)
+    return np.searchsorted(c, rows, side="left").astype(np.int64) - 1
+
+
+def bar_context(
+    bar_values: F64, close_rows: npt.ArrayLike, n_rows: int, row0: int = 0
+) -> tuple[F64, npt.NDArray[np.int64]]:
+    """The features of each row's last closed bar (``bar_values[j]``, [n_bars, F]) joined as of
+    strictly before the row, and that bar's index (-1: none yet, values 0)."""
+    j = last_closed_bar(close_rows, n_rows, row0)
+    v = np.asarray(bar_values, dtype=np.float64)
+    if v.ndim != 2 or v.shape[0] != np.asarray(close_rows).shape[0]:
+        raise FxDataError(f"bar_context: {v.shape} bar values for {np.asarray(close_rows).shape[0]} bars")
+    out = np.zeros((n_rows, v.shape[1]))
+    has = j >= 0
+    out[has] = v[j[has]]
+    return out, j

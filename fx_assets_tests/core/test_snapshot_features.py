@@ -204,3 +204,21 @@ def test_registry_documents_every_column() -> None:
         reg = snapshot_feature_registry(cfg)
         assert list(reg) == feature_names(cfg)
         assert all(r.description and r.unit and r.window for r in reg.values())
+
+
+def test_bar_context_is_strictly_before_the_row() -> None:
+    from fx_assets.core.snapshot_features import bar_context, last_closed_bar
+
+    close_rows = np.array([3, 7, 8, 20])
+    j = last_closed_bar(close_rows, 25)
+    # row 3 is bar 0's closing record: not yet closed *before* row 3
+    assert j[:4].tolist() == [-1, -1, -1, -1] and j[4] == 0 and j[8] == 1 and j[9] == 2 and j[20] == 2
+    assert j[21] == 3
+    # chunked: the same answer for a chunk starting at row 8
+    np.testing.assert_array_equal(last_closed_bar(close_rows, 10, row0=8), j[8:18])
+    vals = np.arange(8.0).reshape(4, 2)
+    ctx, jj = bar_context(vals, close_rows, 25)
+    np.testing.assert_array_equal(jj, j)
+    assert (ctx[:4] == 0).all() and (ctx[9] == vals[2]).all()
+    with pytest.raises(FxDataError):
+        last_closed_bar(np.array([5, 4]), 10)
