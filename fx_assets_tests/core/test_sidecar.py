@@ -615,7 +615,9 @@ def test_split_by_words_writes_the_same_file(
     byte for byte equal to one written with a strided copy per field: same layout, columns,
     checksums and metadata."""
     big = tiled(src, n)
-    p = write_dbn(tmp_path / f"big.dbn{'.zst' if zstd else ''}", dbn.read_header(src).header_bytes, big, zstd=zstd)
+    p = write_dbn(
+        tmp_path / f"big.dbn{'.zst' if zstd else ''}", dbn.read_header(src).header_bytes, big, zstd=zstd
+    )
     fast = sidecar.build_sidecar(p, tmp_path / "fast" / "x.arrow", chunk_bytes=8192 + 5)
     monkeypatch.setattr(sidecar, "_FAST_SPLIT", False)
     ref = sidecar.build_sidecar(p, tmp_path / "ref" / "x.arrow", chunk_bytes=8192 + 5)

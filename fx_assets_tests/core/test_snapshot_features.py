@@ -222,3 +222,18 @@ def test_bar_context_is_strictly_before_the_row() -> None:
     assert (ctx[:4] == 0).all() and (ctx[9] == vals[2]).all()
     with pytest.raises(FxDataError):
         last_closed_bar(np.array([5, 4]), 10)
+
+
+def test_log1p_table_is_libm_log1p() -> None:
+    """The book-state slopes take log1p of integer depths from a table: the same bits."""
+    from numba import njit
+
+    from fx_assets.core.ofi import _LOG1P_INT, _log1p_nb
+
+    @njit
+    def libm(x: float) -> float:
+        return math.log1p(x)
+
+    ks = np.arange(_LOG1P_INT.shape[0], dtype=np.float64)
+    assert all(libm(k) == _LOG1P_INT[int(k)] == _log1p_nb(k) for k in ks)
+    assert _log1p_nb(2.5) == libm(2.5) and _log1p_nb(1e6) == libm(1e6)
