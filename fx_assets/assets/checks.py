@@ -21,8 +21,10 @@ the file and the column.
 | ``fxcache`` | ``fxcache_valid`` | :func:`fx_assets.core.fxcache.verify_fxcache` |
 """
 
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -30,12 +32,16 @@ import dagster as dg
 from fx_assets.assets.common import StageIO
 from fx_assets.assets.features import warmup_bars
 from fx_assets.core import verify
+from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.bars import BarTable
 from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
+from fx_assets.core.checksum import hash_buffers
+from fx_assets.core.codeversion import source_fingerprint
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import verify_fxcache
 from fx_assets.core.sidecar import sidecar_path, verify_sidecar
 from fx_assets.core.stages import read_table, roll_calendar_from_table
+from fx_assets.core.verified import table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -57,6 +63,43 @@ def _result(part: QuarterSymbol, fn: Callable[[], Mapping[str, Any]]) -> dg.Asse
         return dg.AssetCheckResult(passed=False, description=text, metadata={"partition": part.label})
     meta = {"partition": part.label, **meta, "seconds": round(time.perf_counter() - t0, 3)}
     return dg.AssetCheckResult(passed=True, metadata=meta)
+
+
+def verdict_record(output: Path, check: str) -> Path:
+    """Where the last passed evaluation of ``check`` on ``output`` is recorded."""
+    return output.with_name(f"{output.name}.check.{check}.json")
+
+
+def recorded_verdict(
+    output: Path, check: str, inputs: Sequence[str], evaluate: Callable[[], Mapping[str, Any]]
+) -> Mapping[str, Any]:
+    """``evaluate()`` (a check that raises on failure), unless a passed evaluation of the same
+    check on inputs with the same content identities, by the same package source, is recorded
+    beside ``output``: then its figures, marked ``verdict: reused``.
+
+    ``inputs`` are content identities taken in this process: stage tables verified in full
+    (:func:`fx_assets.core.verified.table_identity`), sidecars as their reuse check admits them
+    (source content hash and decoder identity; the sidecar's own blocking check re-hashes every
+    column in every run that selects it). The checks are deterministic functions of those bytes,
+    the package source and the inputs' configs (in the file names' cache keys), so the same
+    identities give the same verdict; any code change anywhere in the package re-evaluates. A
+    failed evaluation records nothing.
+    """
+    fingerprint = hash_buffers([json.dumps([check, source_fingerprint(), *inputs]).encode()])
+    record = verdict_record(output, check)
+    try:
+        doc = json.loads(record.read_text())
+        if doc.get("fingerprint") == fingerprint:
+            pairs: Any = dg.deserialize_value(doc["metadata"])
+            return {**{str(k): v for k, v in pairs}, "verdict": "reused"}
+    except FileNotFoundError:
+        pass
+    except Exception as exc:  # a torn or foreign record: evaluating again is always correct
+        dg.get_dagster_logger().warning(f"{record}: unreadable check record, evaluating ({exc})")
+    figures = dict(evaluate())
+    text = dg.serialize_value([[k, v] for k, v in figures.items()])
+    atomic_write_text(record, json.dumps({"check": check, "fingerprint": fingerprint, "metadata": text}))
+    return {**figures, "verdict": "evaluated"}
 
 
 def _stage_io(
@@ -112,15 +155,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_bar_volume(
-                io.require("bars"),
-                io.sidecar("trades").path,
-                io.require("roll_calendar"),
-                partition=io.part.label,
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            bars, cal, trades = io.require("bars"), io.require("roll_calendar"), io.sidecar("trades")
+            return recorded_verdict(
+                bars,
+                "volume_conserved",
+                [table_identity(bars), table_identity(cal), trades.identity_hash],
+                lambda: verify.verify_bar_volume(bars, trades.path, cal, partition=io.part.label),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=bar_features,
@@ -134,12 +179,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_bar_features_file(
-                io.require("bar_features"), partition=io.part.label, bars_path=io.require("bars")
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            path, bars = io.require("bar_features"), io.require("bars")
+            return recorded_verdict(
+                path,
+                "features_valid",
+                [table_identity(path), table_identity(bars)],
+                lambda: verify.verify_bar_features_file(path, partition=io.part.label, bars_path=bars),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=ofi_features,
@@ -153,12 +203,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_ofi_features_file(
-                io.require("ofi_features"), partition=io.part.label, bars_path=io.require("bars")
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            path, bars = io.require("ofi_features"), io.require("bars")
+            return recorded_verdict(
+                path,
+                "features_valid",
+                [table_identity(path), table_identity(bars)],
+                lambda: verify.verify_ofi_features_file(path, partition=io.part.label, bars_path=bars),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=ofi_features,
@@ -178,7 +233,9 @@ def make_asset_checks(
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
 
-        def run() -> dict[str, Any]:
+        cfg = CausalityConfig.model_validate(config.model_dump())
+
+        def spot_check() -> dict[str, Any]:
             bars_path = io.require("bars")
             stored = StoredQuarter(
                 partition=io.part.label,
@@ -193,7 +250,7 @@ def make_asset_checks(
                 ofi_config=io.cfg.ofi,
                 previous_bars=lambda _n: warmup_bars(io),
             )
-            r = spot_check_causality(stored, CausalityConfig.model_validate(config.model_dump()))
+            r = spot_check_causality(stored, cfg)
             if r.skipped:
                 raise _Skipped(r.skipped)
             return {
@@ -207,6 +264,19 @@ def make_asset_checks(
                 "max_rel_diff_bar_features": r.max_rel_diff_bar_features,
                 "max_rel_diff_ofi": r.max_rel_diff_ofi,
             }
+
+        def run() -> Mapping[str, Any]:
+            ofi = io.require("ofi_features")
+            inputs = [
+                cfg.model_dump_json(),
+                io.sidecar("trades").identity_hash,
+                io.sidecar("mbp-10").identity_hash,
+                *(table_identity(io.require(s)) for s in ("roll_calendar", "bars", "bar_features")),
+                table_identity(ofi),
+                # the bars before the quarter that warm its features up (as the key lists them)
+                *(table_identity(io.require("bars", q)) for q in io.bar_features_warmup()),
+            ]
+            return recorded_verdict(ofi, "causal_spot_check", inputs, spot_check)
 
         try:
             return _result(io.part, run)
@@ -234,7 +304,9 @@ def make_asset_checks(
 
         def run() -> dict[str, Any]:
             path = io.require("fxcache")
-            verify_fxcache(path)
+            # Every check, in full; skipped only when this process just did the same (the
+            # asset's reuse check of the unchanged file in this run).
+            verify_once(path, "fxcache", verify_fxcache)
             return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
 
         return _result(io.part, run)

@@ -27,6 +27,7 @@ from fx_assets.core.calendar import quarter_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.locks import build_lock
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
+from fx_assets.core.verified import verify_once
 from fx_assets.partitions import QuarterSymbol, context_partition
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -284,14 +285,17 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     if not path.is_file():
         return None
     try:
+        # In full, remembered for this process: the stage's asset check in the same run reads
+        # the unchanged file without verifying it a second time (fx_assets.core.verified).
         if stage == "fxcache":
-            from fx_assets.core.fxcache import open_fxcache
+            from fx_assets.core.fxcache import read_header, verify_fxcache
 
-            rows = open_fxcache(path).n_bars
+            verify_once(path, "fxcache", verify_fxcache)
+            rows = read_header(path).n_bars
         else:
             from fx_assets.core.tables import read_table, verify_table
 
-            verify_table(path)
+            verify_once(path, "table", verify_table)
             rows = read_table(path).num_rows
     except (FxDataError, OSError, pa.ArrowInvalid) as exc:
         # Not a valid cache entry (damaged, written by a crashed tool, or a format bump): rebuild.

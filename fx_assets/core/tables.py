@@ -21,7 +21,7 @@ from fx_assets.core.atomic import atomic_path
 from fx_assets.core.checksum import digest_of, new_hasher, update_array
 from fx_assets.core.errors import FxCacheError, FxDataError
 
-__all__ = ["read_table", "table_checksums", "verify_table", "write_table"]
+__all__ = ["read_table", "stored_checksums", "table_checksums", "verify_table", "write_table"]
 
 _KEY = b"fx.checksums"
 
@@ -76,6 +76,12 @@ def read_table(path: Path) -> pa.Table:
             return pa.ipc.open_file(source).read_all()
     except (OSError, pa.ArrowInvalid) as exc:
         raise FxDataError(f"{path}: cannot read Arrow table: {exc}") from exc
+
+
+def stored_checksums(table: pa.Table) -> bytes:
+    """The ``fx.checksums`` JSON a table was written with (b"" when it has none); a content
+    identity only once :func:`verify_table` passed on the file."""
+    return (table.schema.metadata or {}).get(_KEY, b"")
 
 
 def verify_table(path: Path | str) -> None:

@@ -27,6 +27,7 @@ from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.stages import active_trades, read_table, roll_calendar_from_table
 from fx_assets.core.tables import verify_table
+from fx_assets.core.verified import verify_once
 
 
 def verify_bar_volume(
@@ -74,7 +75,7 @@ def verify_bar_volume(
 def _verified(path: Path, partition: str) -> None:
     """The stored table's body matches the checksum written with it."""
     try:
-        verify_table(path)
+        verify_once(path, "table", verify_table)  # not again if this process just verified it
     except FxDataError as exc:
         raise FxDataError(f"{partition}: {exc}") from exc
 
