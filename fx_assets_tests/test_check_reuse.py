@@ -82,6 +82,13 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter:
             monkeypatch.setattr(f"{mod}.verify_table", table)
     monkeypatch.setattr("fx_assets.core.fxcache.verify_fxcache", fx)
     monkeypatch.setattr("fx_assets.assets.checks.verify_fxcache", fx)
+    real_bytes = verified.verify_fxcache_bytes
+
+    def fx_bytes(path):
+        calls[("fxcache-bytes", Path(path).name)] += 1
+        return real_bytes(path)
+
+    monkeypatch.setattr("fx_assets.core.verified.verify_fxcache_bytes", fx_bytes)
     return calls
 
 
@@ -108,7 +115,7 @@ def test_a_cache_hit_run_verifies_each_file_once_and_reuses_passed_verdicts(
         assert reused == set(FEATURE_STAGES)
         # each file read by the stages and checks of the run is verified in full exactly once
         assert counted and max(counted.values()) == 1, counted
-        assert any(kind == "fxcache" for kind, _ in counted)
+        assert any(kind == "fxcache-bytes" for kind, _ in counted)
         got = _checks(hit)
         assert all(c["passed"] for c in got.values()), got
         for name in (
@@ -116,6 +123,7 @@ def test_a_cache_hit_run_verifies_each_file_once_and_reuses_passed_verdicts(
             "bar_features.features_valid",
             "ofi_features.features_valid",
             "ofi_features.causal_spot_check",
+            "fxcache.fxcache_valid",
         ):
             assert got[name]["verdict"] == "reused", name
         # figures of the evaluation that passed come back with the verdict

@@ -41,7 +41,7 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import verify_fxcache
 from fx_assets.core.sidecar import sidecar_path, verify_sidecar
 from fx_assets.core.stages import read_table, roll_calendar_from_table
-from fx_assets.core.verified import table_identity, verify_once
+from fx_assets.core.verified import fxcache_identity, table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -302,12 +302,14 @@ def make_asset_checks(
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
 
-        def run() -> dict[str, Any]:
+        def run() -> Mapping[str, Any]:
             path = io.require("fxcache")
-            # Every check, in full; skipped only when this process just did the same (the
-            # asset's reuse check of the unchanged file in this run).
-            verify_once(path, "fxcache", verify_fxcache)
-            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+            def evaluate() -> dict[str, Any]:
+                verify_once(path, "fxcache", verify_fxcache)  # bytes, order, finite values, OFI
+                return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+            return recorded_verdict(path, "fxcache_valid", [fxcache_identity(path)], evaluate)
 
         return _result(io.part, run)
 

@@ -9,8 +9,9 @@ before it began, and skips a second verification of the same kind while the stam
 A rewrite, a rename over the file or a touch moves the stamp, and the next call verifies again.
 Nothing is kept across processes: every run verifies each file it reads at least once.
 
-:func:`table_identity` is the content identity of a stage table once it is verified here: the
-digest of its per-column checksums (what a recorded check verdict is keyed by).
+:func:`table_identity` / :func:`fxcache_identity` are the content identities of a stage table
+and of an fxcache file once their bytes are verified here: the digest of the checksums written
+with them (what a recorded check verdict is keyed by).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from fx_assets.core.checksum import hash_buffers
 from fx_assets.core.source_hash import stat_stamp
 
-__all__ = ["clear", "table_identity", "verified_kinds", "verify_once"]
+__all__ = ["clear", "fxcache_identity", "table_identity", "verified_kinds", "verify_once"]
 
 _Stamp = tuple[int, ...]
 _DONE: dict[tuple[str, str], _Stamp] = {}
@@ -72,3 +73,24 @@ def table_identity(path: Path | str) -> str:
     p = Path(path)
     verify_once(p, "table", verify_table)
     return hash_buffers([p.name.encode(), stored_checksums(read_table(p))])
+
+
+def verify_fxcache_bytes(path: Path) -> None:
+    """Structure, header and every region's checksum of an fxcache file (the values' finiteness
+    is the ``fxcache_valid`` check's: :func:`fx_assets.core.fxcache.verify_fxcache`)."""
+    from fx_assets.core.fxcache import open_fxcache
+
+    open_fxcache(path, verify_finite=False, verify_checksums=True).close()
+
+
+def fxcache_identity(path: Path | str) -> str:
+    """The content identity of an fxcache file: its bytes verified against its checksums (once
+    per process), then the digest of its file name and header (which holds every region's
+    checksum)."""
+    from fx_assets.core.fxcache import HEADER_SIZE
+
+    p = Path(path)
+    verify_once(p, "fxcache-bytes", verify_fxcache_bytes)
+    with open(p, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+    return hash_buffers([p.name.encode(), head])
