@@ -288,18 +288,15 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
         # In full, remembered for this process: the stage's asset check in the same run reads
         # the unchanged file without verifying it a second time (fx_assets.core.verified).
         if stage == "fxcache":
-            from fx_assets.core.fxcache import read_header
             from fx_assets.core.verified import verify_fxcache_bytes
 
             # every byte against its checksum; the values were checked finite when written,
             # and fxcache_valid checks them (a verdict on these very bytes)
             verify_once(path, "fxcache-bytes", verify_fxcache_bytes)
-            rows = read_header(path).n_bars
         else:
-            from fx_assets.core.tables import read_table, verify_table
+            from fx_assets.core.tables import verify_table
 
             verify_once(path, "table", verify_table)
-            rows = read_table(path).num_rows
     except (FxDataError, OSError, pa.ArrowInvalid) as exc:
         # Not a valid cache entry (damaged, written by a crashed tool, or a format bump): rebuild.
         io.rebuild_reason = "checksum mismatch" if "checksum" in str(exc) else "invalid file"
@@ -308,7 +305,7 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     built = load_build_metadata(path)
     if built is None:
         return None  # no record of the build that wrote it: rebuild, which records one
-    dg.get_dagster_logger().debug(f"{path}: cache hit, {int(rows)} rows")
+    # no log line: the materialization says it (action: reused), and each is one more stored event
     return reused_result(io.key(stage), built)
 
 
