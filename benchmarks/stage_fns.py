@@ -50,6 +50,20 @@ def _status_mib(field: str) -> float:
     return 0.0
 
 
+class _Laps:
+    """Wall and CPU seconds since the previous lap, per stage."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.t, self.c = time.perf_counter(), cpu_seconds()
+
+    def lap(self, stage: str) -> None:
+        now, cnow = time.perf_counter(), cpu_seconds()
+        self.times[stage], self.cpu[stage] = round(now - self.t, 4), round(cnow - self.c, 4)
+        self.t, self.c = now, cnow
+
+
 def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[str, Any]]:
     """Every stage of each quarter, in order, in this process; per-quarter figures."""
     from benchmarks.common import MemorySampler
@@ -97,18 +111,10 @@ def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[st
         q = parse_quarter(label)
         pq = previous_quarter(q)
         have_prev = out("bars", pq).is_file()
-        times: dict[str, float] = {}
-        cpu: dict[str, float] = {}
+        laps = _Laps()
         with MemorySampler() as mem:
-            t_all = t = time.perf_counter()
-            c = cpu_seconds()
-
-            def lap(stage: str) -> None:
-                nonlocal t, c
-                now, cnow = time.perf_counter(), cpu_seconds()
-                times[stage], cpu[stage] = round(now - t, 4), round(cnow - c, 4)
-                t, c = now, cnow
-
+            t_all = time.perf_counter()
+            lap = laps.lap
             tr = sidecar("trades", q)
             lap("predecoded_trades")
             bk = sidecar("mbp-10", q)
@@ -152,9 +158,9 @@ def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[st
             {
                 "quarter": label,
                 "seconds": round(total, 3),
-                "cpu_seconds": round(sum(cpu.values()), 3),
-                "stages": times,
-                "stage_cpu_seconds": cpu,
+                "cpu_seconds": round(sum(laps.cpu.values()), 3),
+                "stages": laps.times,
+                "stage_cpu_seconds": laps.cpu,
                 "bars": len(bars),
                 "trades_in_file": trades.n_source,
                 "book_records": bk.n_records,
