@@ -21,22 +21,17 @@ the file and the column.
 | ``fxcache`` | ``fxcache_valid`` | :func:`fx_assets.core.fxcache.verify_fxcache` |
 """
 
-import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dagster as dg
 
-from fx_assets.assets.common import StageIO
+from fx_assets.assets.common import StageIO, recorded_verdict, verdict_record, volume_check_inputs
 from fx_assets.assets.features import warmup_bars
 from fx_assets.core import verify
-from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.bars import BarTable
 from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
-from fx_assets.core.checksum import hash_buffers
-from fx_assets.core.codeversion import source_fingerprint
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import verify_fxcache
 from fx_assets.core.sidecar import sidecar_path, verify_sidecar
@@ -63,43 +58,6 @@ def _result(part: QuarterSymbol, fn: Callable[[], Mapping[str, Any]]) -> dg.Asse
         return dg.AssetCheckResult(passed=False, description=text, metadata={"partition": part.label})
     meta = {"partition": part.label, **meta, "seconds": round(time.perf_counter() - t0, 3)}
     return dg.AssetCheckResult(passed=True, metadata=meta)
-
-
-def verdict_record(output: Path, check: str) -> Path:
-    """Where the last passed evaluation of ``check`` on ``output`` is recorded."""
-    return output.with_name(f"{output.name}.check.{check}.json")
-
-
-def recorded_verdict(
-    output: Path, check: str, inputs: Sequence[str], evaluate: Callable[[], Mapping[str, Any]]
-) -> Mapping[str, Any]:
-    """``evaluate()`` (a check that raises on failure), unless a passed evaluation of the same
-    check on inputs with the same content identities, by the same package source, is recorded
-    beside ``output``: then its figures, marked ``verdict: reused``.
-
-    ``inputs`` are content identities taken in this process: stage tables verified in full
-    (:func:`fx_assets.core.verified.table_identity`), sidecars as their reuse check admits them
-    (source content hash and decoder identity; the sidecar's own blocking check re-hashes every
-    column in every run that selects it). The checks are deterministic functions of those bytes,
-    the package source and the inputs' configs (in the file names' cache keys), so the same
-    identities give the same verdict; any code change anywhere in the package re-evaluates. A
-    failed evaluation records nothing.
-    """
-    fingerprint = hash_buffers([json.dumps([check, source_fingerprint(), *inputs]).encode()])
-    record = verdict_record(output, check)
-    try:
-        doc = json.loads(record.read_text())
-        if doc.get("fingerprint") == fingerprint:
-            pairs: Any = dg.deserialize_value(doc["metadata"])
-            return {**{str(k): v for k, v in pairs}, "verdict": "reused"}
-    except FileNotFoundError:
-        pass
-    except Exception as exc:  # a torn or foreign record: evaluating again is always correct
-        dg.get_dagster_logger().warning(f"{record}: unreadable check record, evaluating ({exc})")
-    figures = dict(evaluate())
-    text = dg.serialize_value([[k, v] for k, v in figures.items()])
-    atomic_write_text(record, json.dumps({"check": check, "fingerprint": fingerprint, "metadata": text}))
-    return {**figures, "verdict": "evaluated"}
 
 
 def _stage_io(
@@ -161,7 +119,7 @@ def make_asset_checks(
             return recorded_verdict(
                 bars,
                 "volume_conserved",
-                [table_identity(bars), table_identity(cal), trades.identity_hash],
+                volume_check_inputs(io),
                 lambda: verify.verify_bar_volume(bars, trades.path, cal, partition=io.part.label),
             )
 
@@ -328,4 +286,4 @@ class _Skipped(Exception):
     """The causality spot-check found no bar it can check in this partition."""
 
 
-__all__ = ["CausalSpotCheckConfig", "make_asset_checks"]
+__all__ = ["CausalSpotCheckConfig", "make_asset_checks", "recorded_verdict", "verdict_record"]
