@@ -249,6 +249,7 @@ class GraphqlPath:
     def __init__(self, root: Path, base: Path) -> None:
         from fx_assets_tests.e2e.harness import start_dagster_dev
 
+        shutil.rmtree(base, ignore_errors=True)  # the harness makes a fresh home there
         self.dev = start_dagster_dev(
             base,
             quarters="",
