@@ -27,7 +27,7 @@ from typing import Any
 
 import dagster as dg
 
-from fx_assets.assets.common import StageIO
+from fx_assets.assets.common import StageIO, recorded_verdict, verdict_record, volume_check_inputs
 from fx_assets.assets.features import warmup_bars
 from fx_assets.core import verify
 from fx_assets.core.bars import BarTable
@@ -36,6 +36,7 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import verify_fxcache
 from fx_assets.core.sidecar import sidecar_path, verify_sidecar
 from fx_assets.core.stages import read_table, roll_calendar_from_table
+from fx_assets.core.verified import fxcache_identity, table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -112,15 +113,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_bar_volume(
-                io.require("bars"),
-                io.sidecar("trades").path,
-                io.require("roll_calendar"),
-                partition=io.part.label,
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            bars, cal, trades = io.require("bars"), io.require("roll_calendar"), io.sidecar("trades")
+            return recorded_verdict(
+                bars,
+                "volume_conserved",
+                volume_check_inputs(io),
+                lambda: verify.verify_bar_volume(bars, trades.path, cal, partition=io.part.label),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=bar_features,
@@ -134,12 +137,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_bar_features_file(
-                io.require("bar_features"), partition=io.part.label, bars_path=io.require("bars")
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            path, bars = io.require("bar_features"), io.require("bars")
+            return recorded_verdict(
+                path,
+                "features_valid",
+                [table_identity(path), table_identity(bars)],
+                lambda: verify.verify_bar_features_file(path, partition=io.part.label, bars_path=bars),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=ofi_features,
@@ -153,12 +161,17 @@ def make_asset_checks(
         context: dg.AssetCheckExecutionContext, storage: FxStorage, pipeline: PipelineConfig
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
-        return _result(
-            io.part,
-            lambda: verify.verify_ofi_features_file(
-                io.require("ofi_features"), partition=io.part.label, bars_path=io.require("bars")
-            ),
-        )
+
+        def run() -> Mapping[str, Any]:
+            path, bars = io.require("ofi_features"), io.require("bars")
+            return recorded_verdict(
+                path,
+                "features_valid",
+                [table_identity(path), table_identity(bars)],
+                lambda: verify.verify_ofi_features_file(path, partition=io.part.label, bars_path=bars),
+            )
+
+        return _result(io.part, run)
 
     @dg.asset_check(
         asset=ofi_features,
@@ -178,7 +191,9 @@ def make_asset_checks(
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
 
-        def run() -> dict[str, Any]:
+        cfg = CausalityConfig.model_validate(config.model_dump())
+
+        def spot_check() -> dict[str, Any]:
             bars_path = io.require("bars")
             stored = StoredQuarter(
                 partition=io.part.label,
@@ -193,7 +208,7 @@ def make_asset_checks(
                 ofi_config=io.cfg.ofi,
                 previous_bars=lambda _n: warmup_bars(io),
             )
-            r = spot_check_causality(stored, CausalityConfig.model_validate(config.model_dump()))
+            r = spot_check_causality(stored, cfg)
             if r.skipped:
                 raise _Skipped(r.skipped)
             return {
@@ -207,6 +222,19 @@ def make_asset_checks(
                 "max_rel_diff_bar_features": r.max_rel_diff_bar_features,
                 "max_rel_diff_ofi": r.max_rel_diff_ofi,
             }
+
+        def run() -> Mapping[str, Any]:
+            ofi = io.require("ofi_features")
+            inputs = [
+                cfg.model_dump_json(),
+                io.sidecar("trades").identity_hash,
+                io.sidecar("mbp-10").identity_hash,
+                *(table_identity(io.require(s)) for s in ("roll_calendar", "bars", "bar_features")),
+                table_identity(ofi),
+                # the bars before the quarter that warm its features up (as the key lists them)
+                *(table_identity(io.require("bars", q)) for q in io.bar_features_warmup()),
+            ]
+            return recorded_verdict(ofi, "causal_spot_check", inputs, spot_check)
 
         try:
             return _result(io.part, run)
@@ -232,10 +260,14 @@ def make_asset_checks(
     ) -> dg.AssetCheckResult:
         io = _stage_io(context, storage, pipeline)
 
-        def run() -> dict[str, Any]:
+        def run() -> Mapping[str, Any]:
             path = io.require("fxcache")
-            verify_fxcache(path)
-            return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+            def evaluate() -> dict[str, Any]:
+                verify_once(path, "fxcache", verify_fxcache)  # bytes, order, finite values, OFI
+                return {"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size}
+
+            return recorded_verdict(path, "fxcache_valid", [fxcache_identity(path)], evaluate)
 
         return _result(io.part, run)
 
@@ -254,4 +286,4 @@ class _Skipped(Exception):
     """The causality spot-check found no bar it can check in this partition."""
 
 
-__all__ = ["CausalSpotCheckConfig", "make_asset_checks"]
+__all__ = ["CausalSpotCheckConfig", "make_asset_checks", "recorded_verdict", "verdict_record"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,12 @@ from fx_assets.core import lineage
 from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
+from fx_assets.core.checksum import hash_buffers
+from fx_assets.core.codeversion import source_fingerprint
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.locks import build_lock
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
+from fx_assets.core.verified import table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, context_partition
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -284,15 +288,18 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     if not path.is_file():
         return None
     try:
+        # In full, remembered for this process: the stage's asset check in the same run reads
+        # the unchanged file without verifying it a second time (fx_assets.core.verified).
         if stage == "fxcache":
-            from fx_assets.core.fxcache import open_fxcache
+            from fx_assets.core.verified import verify_fxcache_bytes
 
-            rows = open_fxcache(path).n_bars
+            # every byte against its checksum; the values were checked finite when written,
+            # and fxcache_valid checks them (a verdict on these very bytes)
+            verify_once(path, "fxcache-bytes", verify_fxcache_bytes)
         else:
-            from fx_assets.core.tables import read_table, verify_table
+            from fx_assets.core.tables import verify_table
 
-            verify_table(path)
-            rows = read_table(path).num_rows
+            verify_once(path, "table", verify_table)
     except (FxDataError, OSError, pa.ArrowInvalid) as exc:
         # Not a valid cache entry (damaged, written by a crashed tool, or a format bump): rebuild.
         io.rebuild_reason = "checksum mismatch" if "checksum" in str(exc) else "invalid file"
@@ -301,7 +308,7 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     built = load_build_metadata(path)
     if built is None:
         return None  # no record of the build that wrote it: rebuild, which records one
-    dg.get_dagster_logger().debug(f"{path}: cache hit, {int(rows)} rows")
+    # no log line: the materialization says it (action: reused), and each is one more stored event
     return reused_result(io.key(stage), built)
 
 
@@ -318,3 +325,50 @@ def start_stage(
     elif io.rebuild_reason:
         context.add_asset_metadata({"action": f"rebuilt ({io.rebuild_reason})"})
     return part, io, hit
+
+
+def verdict_record(output: Path, check: str) -> Path:
+    """Where the last passed evaluation of ``check`` on ``output`` is recorded."""
+    return output.with_name(f"{output.name}.check.{check}.json")
+
+
+def recorded_verdict(
+    output: Path, check: str, inputs: Sequence[str], evaluate: Callable[[], Mapping[str, Any]]
+) -> Mapping[str, Any]:
+    """``evaluate()`` (a check that raises on failure), unless a passed evaluation of the same
+    check on inputs with the same content identities, by the same package source, is recorded
+    beside ``output``: then its figures, marked ``verdict: reused``.
+
+    ``inputs`` are content identities taken in this process: stage tables verified in full
+    (:func:`fx_assets.core.verified.table_identity`), sidecars as their reuse check admits them
+    (source content hash and decoder identity; the sidecar's own blocking check re-hashes every
+    column in every run that selects it). The checks are deterministic functions of those bytes,
+    the package source and the inputs' configs (in the file names' cache keys), so the same
+    identities give the same verdict; any code change anywhere in the package re-evaluates. A
+    failed evaluation records nothing.
+    """
+    fingerprint = hash_buffers([json.dumps([check, source_fingerprint(), *inputs]).encode()])
+    record = verdict_record(output, check)
+    try:
+        doc = json.loads(record.read_text())
+        if doc.get("fingerprint") == fingerprint:
+            pairs: Any = dg.deserialize_value(doc["metadata"])
+            return {**{str(k): v for k, v in pairs}, "verdict": "reused"}
+    except FileNotFoundError:
+        pass
+    except Exception as exc:  # a torn or foreign record: evaluating again is always correct
+        dg.get_dagster_logger().warning(f"{record}: unreadable check record, evaluating ({exc})")
+    figures = dict(evaluate())
+    text = dg.serialize_value([[k, v] for k, v in figures.items()])
+    atomic_write_text(record, json.dumps({"check": check, "fingerprint": fingerprint, "metadata": text}))
+    return {**figures, "verdict": "evaluated"}
+
+
+def volume_check_inputs(io: StageIO) -> list[str]:
+    """What the ``volume_conserved`` verdict depends on: the bars and roll calendar tables (verified
+    in full here) and the trades sidecar (as its reuse check admits it)."""
+    return [
+        table_identity(io.require("bars")),
+        table_identity(io.require("roll_calendar")),
+        io.sidecar("trades").identity_hash,
+    ]

@@ -69,7 +69,8 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
             action = "decoded"
         else:  # e.g. "rebuilt (checksum mismatch)", "rebuilt (source changed)"
             action = f"rebuilt ({info.reason})"
-        context.log.info(f"{part.label}: {action} {info.n_records:,} {schema} records in {seconds:.2f}s")
+        if not info.reused:  # a reuse is in the metadata; each log line is one more stored event
+            context.log.info(f"{part.label}: {action} {info.n_records:,} {schema} records in {seconds:.2f}s")
         meta: dict[str, Any] = {
             "quarter": quarter_label(part.quarter),
             "path": dg.MetadataValue.path(str(info.path)),

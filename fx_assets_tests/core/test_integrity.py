@@ -209,3 +209,21 @@ def test_small_sidecar_is_verified_in_full_on_reuse(tmp_path: Path) -> None:
         f.write(b"\x00" * 8)
     again = sidecar.ensure_sidecar(src, sc)
     assert again.rebuilt and again.reason == "checksum mismatch"
+
+
+def test_boolean_column_digest_reads_the_bitmaps_as_fill_null_false_would() -> None:
+    """Stage-table checksums of bool columns come from the bitmaps (no pyarrow to_numpy, whose
+    first call costs a cache-hit run ~0.25 s): same values as ``fill_null(False)``, any offset."""
+    import numpy as np
+    import pyarrow as pa
+
+    from fx_assets.core.tables import _bool_values
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 9, 100, 1001):
+        values, nulls = rng.random(n) < 0.5, rng.random(n) < 0.3
+        for arr in (pa.array(values), pa.array(values, mask=nulls)):
+            for off in (0, 1, 3):
+                part = arr.slice(min(off, n))
+                want = part.fill_null(False).to_numpy(zero_copy_only=False)
+                assert np.array_equal(_bool_values(part), want)

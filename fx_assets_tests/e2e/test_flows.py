@@ -66,6 +66,41 @@ def test_feature_backfill_runs_one_run_per_partition(dev: DagsterDev) -> None:
     no_failed_runs(dev)
 
 
+def test_materializing_a_partitions_stages_from_the_asset_page_is_one_run_in_one_process(
+    dev: DagsterDev,
+) -> None:
+    """The asset page's Materialize of the 7 stages of one partition (the implicit asset job,
+    as the UI launches it): one run, every step in the same process, checks included."""
+    import dagster as dg
+
+    from fx_assets.definitions import FEATURE_STAGES
+
+    before = {r["runId"] for r in dev.runs()}
+    run_id = dev.launch_run(
+        "__ASSET_JOB",
+        asset_selection=FEATURE_STAGES,
+        tags={
+            "dagster/partition": KEYS[1],
+            "dagster/partition/quarter": QUARTERS[1],
+            "dagster/partition/symbol": "ES.FUT",
+        },
+    )
+    runs = dev.wait_runs_idle(300)
+    # the one run holds all of it (observe_raw runs of the raw sensor may come and go)
+    assert {r["runId"] for r in runs if r["jobName"] != "observe_raw"} - before == {run_id}
+    (run,) = [r for r in runs if r["runId"] == run_id]
+    assert run["status"] == "SUCCESS", dev.log_tail()
+    with dg.DagsterInstance.from_config(str(dev.home)) as inst:
+        starts = [
+            e
+            for e in inst.all_logs(run_id)
+            if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_START"
+        ]
+    keys = {e.step_key for e in starts}
+    assert set(FEATURE_STAGES) <= keys and "bars_volume_conserved" in keys
+    assert len({e.dagster_event.pid for e in starts if e.dagster_event is not None}) == 1
+
+
 def test_fold_backfill_from_the_jobs_page_trains_every_fold_in_one_run(dev: DagsterDev) -> None:
     before = dev.materialized_partitions("trained_model")
     bid = dev.launch_job_backfill("train_models", FOLDS)
