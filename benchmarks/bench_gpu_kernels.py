@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_gpu import make_fold, sync, write_quarters
+from benchmarks.bench_gpu import loader_items, make_fold, sync, write_quarters
 from fx_assets.core.device_store import DeviceStore
 from fx_assets.core.trainers import TrainConfig, fold_transition
 from fx_assets.core.trainers import transition as T
@@ -73,7 +73,7 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="fxkern_"))
     paths, starts = write_quarters(data, 3, a.rows, seed=0)
     store = DeviceStore(device="cuda")
-    store.add_fxcaches([(read_key(p), p) for p in paths])
+    store.add_fxcaches(loader_items(paths))
     keys = store.keys()
     view, fr = make_fold(store, keys, starts)
     cfg = TrainConfig(trainer="mlp")
@@ -149,12 +149,6 @@ def main() -> None:
     out.write_text(json.dumps(res, indent=2, default=str) + "\n")
     print(table)
     print(json.dumps({k: v for k, v in res.items() if k != "trials"}, indent=2, default=str))
-
-
-def read_key(path: Path) -> str:
-    from fx_assets.core.fxcache import read_header
-
-    return read_header(path).cache_key.hex()
 
 
 if __name__ == "__main__":
