@@ -19,7 +19,7 @@ Stable API (other e2e suites build on it): ``start_dagster_dev``, ``DagsterDev``
 ``launch_asset_backfill``, ``launch_job_backfill``, ``backfill``, ``wait_backfill``, ``runs``,
 ``wait_runs_idle``, ``materialized_partitions``, ``materialization_times``, ``observed_partitions``, ``latest_metadata``, ``sensor_state``, ``start_sensor``,
 ``stop_sensor``, ``restart``, ``stop``,
-``log_tail``), ``wait_until``, ``wait_for_folds_and_report``, ``synth_market``, ``drop_quarter``.
+``log_tail``, ``state_report``), ``wait_until``, ``wait_for_folds_and_report``, ``synth_market``, ``drop_quarter``.
 """
 
 from __future__ import annotations
@@ -276,6 +276,46 @@ class DagsterDev:
         except OSError:
             return ""
 
+    def failure_messages(self, run_id: str, limit: int = 3) -> list[str]:
+        """The step/run failure messages of one run, read from the instance's event log."""
+        import dagster as dg
+
+        out = []
+        with dg.DagsterInstance.from_config(str(self.home)) as inst:
+            for e in inst.all_logs(run_id):
+                ev = e.dagster_event
+                if ev is not None and ev.event_type_value in ("STEP_FAILURE", "RUN_FAILURE"):
+                    err = getattr(ev.event_specific_data, "error", None)
+                    text = err.to_string() if err is not None else (ev.message or "")
+                    out.append(f"{ev.event_type_value} {ev.step_key or ''}: {text[-1500:]}")
+        return out[:limit]
+
+    def state_report(self, assets: Iterable[str] = ()) -> str:
+        """What a person would look at in the UI when automation stalls: every run (created time,
+        job, partition, assets, status; the failures' messages) and each asset's materialized
+        partitions. Printed by waits that run out, so a red CI says why."""
+        lines = ["runs (oldest first):"]
+        try:
+            runs = sorted(self.runs(), key=lambda r: r.get("startTime") or 0.0)
+            for r in runs:
+                tags = tags_of(r)
+                sel = ",".join("/".join(a["path"]) for a in r.get("assetSelection") or [])
+                part = tags.get("dagster/partition") or (
+                    f"{tags.get('dagster/asset_partition_range_start')}..{tags.get('dagster/asset_partition_range_end')}"
+                    if "dagster/asset_partition_range_start" in tags
+                    else "-"
+                )
+                lines.append(
+                    f"  {r.get('startTime') or 0:.1f} {r['status']:<8} {r['jobName']} {part} [{sel}]"
+                )
+                if r["status"] == "FAILURE":
+                    lines += [f"      {m}" for m in self.failure_messages(r["runId"])]
+            for asset in assets:
+                lines.append(f"{asset}: {sorted(self.materialized_partitions(asset).items(), key=str)}")
+        except Exception as exc:  # the report must never hide the original timeout
+            lines.append(f"(state report failed: {exc!r})")
+        return "\n".join(lines)
+
     # --- GraphQL ---------------------------------------------------------------------------
     def gql(self, query: str, variables: Mapping[str, Any] | None = None, timeout: float = 60) -> dict:
         body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
@@ -461,14 +501,24 @@ def wait_for_folds_and_report(dev: DagsterDev, folds: list[str], timeout: float)
         )["assetOrError"].get("assetMaterializations")
         return float(mats[0]["timestamp"]) if mats else None
 
+    before = {r["runId"] for r in dev.runs()}
+
     def done() -> bool:
+        # Automation does not retry a failed run: a failure ends the wait at once, with its reason.
+        failed = [r for r in dev.runs() if r["runId"] not in before and r["status"] == "FAILURE"]
+        if failed:
+            raise E2EError(f"a run failed while waiting for folds {folds}\n{diagnose()}")
         have = dev.materialized_partitions("trained_model")
         if not all(f in have for f in folds):
             return False
         report, model = latest("walk_forward_report"), latest("trained_model")
         return report is not None and model is not None and report > model
 
-    wait_until(done, timeout, f"folds {folds} and a report after them", 2.0, dev.log_tail)
+    def diagnose() -> str:
+        chain = ("predecoded_trades", "bars", "bar_features", "ofi_features", "fxcache", "fold_ranges")
+        return dev.state_report((*chain, "trained_model", "walk_forward_report")) + "\n" + dev.log_tail(3000)
+
+    wait_until(done, timeout, f"folds {folds} and a report after them", 2.0, diagnose)
     dev.wait_runs_idle(120, quiet=8)
 
 
