@@ -9,7 +9,13 @@ that evaluates them (``fx_automation``, RUNNING by default).
 - ``fold_ranges`` / ``trained_model``: ``EAGER_ALL`` — a fold is retrained when any fxcache
   quarter of its window has a new materialization, once every quarter of the window exists.
 - ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold is in
-  progress (it reports the folds that exist and names the missing ones).
+  progress or requested (it reports the folds that exist and names the missing ones).
+- The report and the folds never run at the same time under automation: ``trained_model`` uses
+  ``FOLD`` (``EAGER_ALL`` while the report is not in progress). Why: ``since_last_handled``
+  resets on the target's own materialization, and when that lands between the same two ticks as
+  a dependency's (a fold that trained while the report ran), Dagster 1.13 drops the dependency's
+  update (``any_deps_updated`` carries no timing through its ``&``, so the reset wins): the
+  report would never show that fold. Mutual exclusion keeps the two events on different ticks.
 
 The feature chain and the folds also wait until every partition of every dependency has passed
 its blocking asset checks (:mod:`fx_assets.assets.checks`): a sidecar that does not match its
@@ -42,8 +48,13 @@ EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
 CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
     BLOCKING_CHECKS_PASSED
 )
+REPORT_KEY = "walk_forward_report"
+FOLD = EAGER_ALL & ~AC.asset_matches(REPORT_KEY, AC.in_progress()).with_label("report_in_progress")
 REPORT = (
-    AC.any_deps_updated().since_last_handled() & ~AC.any_deps_in_progress() & ~AC.in_progress()
+    AC.any_deps_updated().since_last_handled()
+    & ~AC.any_deps_in_progress()
+    & ~AC.any_deps_match(AC.will_be_requested()).with_label("any_fold_requested")
+    & ~AC.in_progress()
 ).with_label("any_fold_updated")
 
 

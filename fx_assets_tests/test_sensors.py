@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.events import DagsterEvent, DagsterEventType
 
 from fx_assets.assets.raw import observe_raw_files
 from fx_assets.definitions import FEATURE_STAGES, build_definitions
@@ -164,3 +165,62 @@ def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path:
         # its features up from those bars: the change reaches exactly the declared dependents
         assert fx == set(KEYS[1:]) and folds == set(KEYS[1:]), seen
         assert set().union(*(s.get("predecoded_trades", set()) for s in seen)) == {KEYS[1]}, seen
+
+
+def test_folds_and_the_report_never_run_at_the_same_time(tmp_path: Path) -> None:
+    """A fold that trains while the report runs would be lost for good: both materializations
+    land between the same two ticks, ``since_last_handled`` resets on the report's own and drops
+    the fold's (CI saw the report stall without the last fold). So a fold waits for a running
+    report, and the report is not requested on a tick that requests a fold."""
+    full = build_definitions(settings(tmp_path))
+    defs = dg.Definitions(
+        assets=full.assets,
+        jobs=full.jobs,
+        resources=full.resources,
+        sensors=full.sensors,
+        executor=full.executor,
+    )
+    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
+
+    def tick(inst, cursor):
+        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
+        return r, {
+            k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
+            for k in (dg.AssetKey("trained_model"), dg.AssetKey("walk_forward_report"))
+            if r.get_num_requested(k)
+        }
+
+    with dg.instance_for_test() as inst:
+        observe(inst, {k: "v1" for k in KEYS})
+        materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
+        materialize(
+            inst, {"fold_ranges": set(KEYS[1:]), "trained_model": set(KEYS[1:]), "walk_forward_report": set()}
+        )
+        r, req = tick(inst, None)
+        assert req == {}
+        # the report is running when a quarter's fxcache is rebuilt
+        job = defs.resolve_implicit_global_asset_job_def()
+        report_run = inst.create_run_for_job(
+            job_def=job, asset_selection=frozenset({dg.AssetKey("walk_forward_report")})
+        )
+        started = DagsterEvent(
+            event_type_value=DagsterEventType.RUN_START.value, job_name=report_run.job_name
+        )
+        inst.report_dagster_event(started, run_id=report_run.run_id)
+        materialize(inst, {"fxcache": {KEYS[3]}})
+        for _ in range(2):
+            r, req = tick(inst, r.cursor)
+            assert "trained_model" not in req, req
+        inst.report_run_failed(report_run)  # the report's run has ended
+        r, req = tick(inst, r.cursor)
+        assert req == {"trained_model": {KEYS[3]}}, req  # the fold, and not the report with it
+        materialize(inst, {"trained_model": {KEYS[3]}})
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
+        # a fold updated by hand and a fold requested on the same tick: the report waits for both
+        materialize(inst, {"trained_model": {KEYS[1]}, "fxcache": {KEYS[2]}})
+        r, req = tick(inst, r.cursor)
+        assert req == {"trained_model": {KEYS[2], KEYS[3]}} or req == {"trained_model": {KEYS[2]}}, req
+        materialize(inst, {"trained_model": req["trained_model"]})
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
