@@ -9,13 +9,15 @@ that evaluates them (``fx_automation``, RUNNING by default).
 - ``fold_ranges`` / ``trained_model``: ``EAGER_ALL`` — a fold is retrained when any fxcache
   quarter of its window has a new materialization, once every quarter of the window exists.
 - ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold is in
-  progress or requested (it reports the folds that exist and names the missing ones).
-- The report and the folds never run at the same time under automation: ``trained_model`` uses
-  ``FOLD`` (``EAGER_ALL`` while the report is not in progress). Why: ``since_last_handled``
-  resets on the target's own materialization, and when that lands between the same two ticks as
-  a dependency's (a fold that trained while the report ran), Dagster 1.13 drops the dependency's
-  update (``any_deps_updated`` carries no timing through its ``&``, so the reset wins): the
-  report would never show that fold. Mutual exclusion keeps the two events on different ticks.
+  progress or requested on the same tick (it reports the folds that exist and names the missing ones).
+- An asset is never requested while an asset that reads it is in progress
+  (:func:`guard_readers`, applied to every automated asset from the graph's own edges). Why:
+  ``since_last_handled`` resets on the target's own materialization, and when that lands between
+  the same two ticks as a dependency's, Dagster 1.13 drops the dependency's update
+  (``any_deps_updated`` carries no timing through its ``&``, so the reset wins). A fold that
+  trained while the report ran was never reported (CI saw it); an fxcache rebuilt while a fold
+  of its window trained would leave that fold stale for good. A reader is itself never requested
+  while what it reads is in progress, so the two events always fall on different ticks.
 
 The feature chain and the folds also wait until every partition of every dependency has passed
 its blocking asset checks (:mod:`fx_assets.assets.checks`): a sidecar that does not match its
@@ -28,6 +30,8 @@ trigger, not an empty cursor (the first evaluation of a fresh sensor requests no
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -48,14 +52,43 @@ EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
 CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
     BLOCKING_CHECKS_PASSED
 )
-REPORT_KEY = "walk_forward_report"
-FOLD = EAGER_ALL & ~AC.asset_matches(REPORT_KEY, AC.in_progress()).with_label("report_in_progress")
 REPORT = (
     AC.any_deps_updated().since_last_handled()
     & ~AC.any_deps_in_progress()
     & ~AC.any_deps_match(AC.will_be_requested()).with_label("any_fold_requested")
     & ~AC.in_progress()
 ).with_label("any_fold_updated")
+
+
+def readers_in_progress(readers: Iterable[str]) -> dg.AutomationCondition:
+    """True for a partition that a partition of one of ``readers`` (assets that depend on it)
+    reads while that partition is in progress (the dependency's mapping, both directions)."""
+    conds = [AC.asset_matches(r, AC.in_progress()) for r in sorted(readers)]
+    out = conds[0]
+    for c in conds[1:]:
+        out = out | c
+    return out.with_label("a_reader_in_progress")
+
+
+def guard_readers(assets: Sequence[Any]) -> list[Any]:
+    """``assets`` with ``& ~readers_in_progress(...)`` added to the condition of every automated
+    asset that automated assets read (readers found from the assets' declared dependencies, so a
+    new edge is covered without listing it)."""
+    readers: dict[dg.AssetKey, set[str]] = {}
+    for a in assets:
+        for spec in getattr(a, "specs", ()):
+            if spec.automation_condition is None:
+                continue
+            for dep in spec.deps:
+                readers.setdefault(dep.asset_key, set()).add(spec.key.to_user_string())
+
+    def guard(spec: dg.AssetSpec) -> dg.AssetSpec:
+        cond, by = spec.automation_condition, readers.get(spec.key)
+        if cond is None or not by:
+            return spec
+        return spec.replace_attributes(automation_condition=cond & ~readers_in_progress(by))
+
+    return list(dg.map_asset_specs(guard, assets))
 
 
 def interval_seconds(var: str, default: int) -> int:

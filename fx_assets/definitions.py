@@ -38,7 +38,7 @@ from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
 from fx_assets.assets.training import GPU_TAGS, make_training_assets
-from fx_assets.automation import automation_sensor
+from fx_assets.automation import automation_sensor, guard_readers
 from fx_assets.executors import feature_executor, training_tags
 from fx_assets.partitions import (
     fold_window_mapping,
@@ -146,6 +146,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 description="Stitch every trained fold's out-of-sample results.",
             )
         )
+    assets = guard_readers(assets)  # no asset is rebuilt while an asset reading it runs
     sensors = [*make_sensors(partitions, settings.symbols, storage), automation_sensor()]
     # Every run executes in one process unless its job says otherwise: a fold backfill (job or
     # asset page) then trains every fold with one device loader, and a partition's stages skip a

@@ -167,11 +167,12 @@ def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path:
         assert set().union(*(s.get("predecoded_trades", set()) for s in seen)) == {KEYS[1]}, seen
 
 
-def test_folds_and_the_report_never_run_at_the_same_time(tmp_path: Path) -> None:
+def test_nothing_is_rebuilt_while_an_asset_reading_it_runs(tmp_path: Path) -> None:
     """A fold that trains while the report runs would be lost for good: both materializations
     land between the same two ticks, ``since_last_handled`` resets on the report's own and drops
-    the fold's (CI saw the report stall without the last fold). So a fold waits for a running
-    report, and the report is not requested on a tick that requests a fold."""
+    the fold's (CI saw the report stall without the last fold); the same for an fxcache rebuilt
+    while a fold of its window trains. So a dependency waits for a running reader, and the report
+    is not requested on a tick that requests a fold."""
     full = build_definitions(settings(tmp_path))
     defs = dg.Definitions(
         assets=full.assets,
@@ -180,17 +181,31 @@ def test_folds_and_the_report_never_run_at_the_same_time(tmp_path: Path) -> None
         sensors=full.sensors,
         executor=full.executor,
     )
+    job = defs.resolve_implicit_global_asset_job_def()
+    graph = defs.resolve_asset_graph()
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
     when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
 
     def tick(inst, cursor):
         r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
         return r, {
             k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
-            for k in (dg.AssetKey("trained_model"), dg.AssetKey("walk_forward_report"))
+            for k in keys
             if r.get_num_requested(k)
         }
 
     with dg.instance_for_test() as inst:
+
+        def started_run(asset: str, partition: str | None = None) -> dg.DagsterRun:
+            run = inst.create_run_for_job(
+                job_def=job,
+                asset_selection=frozenset({dg.AssetKey(asset)}),
+                tags={"dagster/partition": partition} if partition else None,
+            )
+            event = DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
+            inst.report_dagster_event(event, run_id=run.run_id)
+            return run
+
         observe(inst, {k: "v1" for k in KEYS})
         materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
         materialize(
@@ -198,29 +213,32 @@ def test_folds_and_the_report_never_run_at_the_same_time(tmp_path: Path) -> None
         )
         r, req = tick(inst, None)
         assert req == {}
-        # the report is running when a quarter's fxcache is rebuilt
-        job = defs.resolve_implicit_global_asset_job_def()
-        report_run = inst.create_run_for_job(
-            job_def=job, asset_selection=frozenset({dg.AssetKey("walk_forward_report")})
-        )
-        started = DagsterEvent(
-            event_type_value=DagsterEventType.RUN_START.value, job_name=report_run.job_name
-        )
-        inst.report_dagster_event(started, run_id=report_run.run_id)
+        # the report is running when a quarter's fxcache is rebuilt: the fold waits for it
+        report_run = started_run("walk_forward_report")
         materialize(inst, {"fxcache": {KEYS[3]}})
         for _ in range(2):
             r, req = tick(inst, r.cursor)
-            assert "trained_model" not in req, req
+            assert "trained_model" not in req, req  # (fold_ranges, which the report does not read, may run)
+            materialize(inst, req)
         inst.report_run_failed(report_run)  # the report's run has ended
         r, req = tick(inst, r.cursor)
-        assert req == {"trained_model": {KEYS[3]}}, req  # the fold, and not the report with it
-        materialize(inst, {"trained_model": {KEYS[3]}})
+        # the fold whose window holds it (train_quarters=1), and not the report with it
+        assert req.get("trained_model") == {KEYS[3]} and "walk_forward_report" not in req, req
+        materialize(inst, req)
         r, req = tick(inst, r.cursor)
         assert req == {"walk_forward_report": set()}, req
-        # a fold updated by hand and a fold requested on the same tick: the report waits for both
-        materialize(inst, {"trained_model": {KEYS[1]}, "fxcache": {KEYS[2]}})
+        materialize(inst, req)
+        # a fold (window KEYS[2..3]) trains when KEYS[2]'s OFI features are rebuilt: that fxcache
+        # waits for the fold, then is rebuilt, and the folds reading it retrain after it
+        fold_run = started_run("trained_model", KEYS[3])
+        materialize(inst, {"ofi_features": {KEYS[2]}})
+        for _ in range(2):
+            r, req = tick(inst, r.cursor)
+            assert "fxcache" not in req, req
+        inst.report_run_failed(fold_run)
         r, req = tick(inst, r.cursor)
-        assert req == {"trained_model": {KEYS[2], KEYS[3]}} or req == {"trained_model": {KEYS[2]}}, req
-        materialize(inst, {"trained_model": req["trained_model"]})
+        assert req.get("fxcache") == {KEYS[2]}, req
+        materialize(inst, req)
         r, req = tick(inst, r.cursor)
-        assert req == {"walk_forward_report": set()}, req
+        assert req.get("trained_model") == {KEYS[2], KEYS[3]}, req
+        assert "walk_forward_report" not in req, req  # not on the tick that requests the folds

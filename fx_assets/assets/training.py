@@ -20,7 +20,7 @@ import dagster as dg
 import numpy as np
 
 from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
-from fx_assets.automation import EAGER_ALL, FOLD, REPORT, REPORT_KEY
+from fx_assets.automation import EAGER_ALL, REPORT
 from fx_assets.core import lineage
 from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
@@ -182,7 +182,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
 
     @dg.asset(
         partitions_def=training_partitions,
-        automation_condition=FOLD,
+        automation_condition=EAGER_ALL,
         ins={
             "fxcache": dg.AssetIn(
                 key=fxcache.key, partition_mapping=window_mapping, input_manager_key="fxcache_loader"
@@ -337,7 +337,6 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         )
 
     @dg.asset(
-        name=REPORT_KEY,  # FOLD's condition names this key
         deps=[dg.AssetDep(trained_model, partition_mapping=dg.AllPartitionMapping())],
         automation_condition=REPORT,
         group_name="training",
