@@ -256,7 +256,7 @@ def train_mlp(
                     if work["x"] is None:
                         work["x"], work["z"] = blk.x, (y > 0).to(torch.float32)
                 else:
-                    work["x"][: blk.n].copy_(blk.x)  # type: ignore[index]
+                    work["x"][: blk.n].copy_(blk.x)  # type: ignore[index,arg-type]
                     work["z"][: blk.n].copy_(y > 0)  # type: ignore[index]
                 perm_buf[:n].copy_(idx[torch.randperm(n, generator=gen, device=dev)])
                 batch_no.zero_()
