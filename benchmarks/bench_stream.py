@@ -238,7 +238,9 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
     print(
         json.dumps(
-            {k: out[k] for k in ("stats_pass", "read_only", "stats_vs_resident")}, indent=1, default=str
+            {k: out[k] for k in ("stats_pass", "read_only", "stats_vs_resident", "blocks_vs_resident")},
+            indent=1,
+            default=str,
         )
     )
     for row in runs:
