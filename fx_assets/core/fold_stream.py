@@ -23,7 +23,8 @@ Its value rows (every column, as stored: f32 or bf16), and the f64 price rows ``
 clipped to the fold's ``val_end``, ``reach = entry_lag + max horizon``: the look-ahead its
 forward labels need, so a label at a block edge is the one the resident path computes. On the
 device the block's inputs are gathered, widened to f32 and normalised by
-:func:`~fx_assets.core.trainers.transition.normalise`; the labels come from
+:func:`~fx_assets.core.trainers.transition.normalise_values` (on CUDA the resident path's Triton
+``normalise`` kernel, elsewhere its torch ops); the labels come from
 :func:`~fx_assets.core.trainers.transition.labels_of` over the block and its look-ahead, with
 the roll mask from the ``contract`` price column's changes inside that window (a label never
 spans a roll; prices past ``val_end`` are never read) — the resident path's functions, so equal
@@ -62,7 +63,7 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, open_fxcache
 from fx_assets.core.trainers.common import FoldRangeLike, TrainConfig
 from fx_assets.core.trainers.rows import FoldRows, Moments, Part, RowBlock
-from fx_assets.core.trainers.transition import floor_std, labels_of, normalise, select_inputs
+from fx_assets.core.trainers.transition import floor_std, labels_of, normalise_values, select_inputs
 
 DEFAULT_STREAM_BLOCK_ROWS = 1 << 20
 BUDGET_MARGIN_FRACTION = 0.10  # default budget: free device memory minus this share of it ...
@@ -351,10 +352,12 @@ class StreamedRows(FoldRows):
         return m, look
 
     def _raw_blocks(
-        self, row_spans: Sequence[tuple[int, int]], with_x: bool
+        self, row_spans: Sequence[tuple[int, int]], with_x: bool, normalised: bool = False
     ) -> Iterator[tuple[int, int, int, torch.Tensor | None, torch.Tensor]]:
-        """(lo, hi, look-ahead, raw f32 inputs or None, close+contract window) per span of
-        concatenation rows, double-buffered through the reader thread."""
+        """(lo, hi, look-ahead, inputs or None, close+contract window) per span of concatenation
+        rows, double-buffered through the reader thread. The inputs are the raw f32 input
+        columns, or (``normalised``) the model inputs by ``normalise_values``, computed from the
+        device buffer before it is released."""
         if not row_spans:
             return
         cuda = self._copy_stream is not None
@@ -376,8 +379,12 @@ class StreamedRows(FoldRows):
                 self.stream_stats._wait_events.append((w0, w1))
             raw = None
             if with_x:
-                g = dv[:m].index_select(1, self._col_idx)
-                raw = g.view(torch.bfloat16).to(torch.float32) if self._bf16 else g.to(torch.float32)
+                vals = dv[:m].view(torch.bfloat16) if self._bf16 else dv[:m]
+                if normalised:
+                    raw = normalise_values(vals, self._col_idx, self.mean, self.std, self.cfg)
+                else:
+                    g = vals.index_select(1, self._col_idx)
+                    raw = g if g.dtype == torch.float32 else g.to(torch.float32)
             px = dp[: m + look]
             cols = [self._close_j] if self._seg_j is None else [self._close_j, self._seg_j]
             win = px[:, cols].clone()  # off the device buffer before it is released
@@ -407,9 +414,9 @@ class StreamedRows(FoldRows):
     def _read(self, part: Part, spans: Sequence[tuple[int, int]], with_x: bool) -> Iterator[RowBlock]:
         off = self._offset(part)
         ts = self._ts()
-        for lo, hi, _, raw, win in self._raw_blocks([(off + a, off + b) for a, b in spans], with_x):
+        row_spans = [(off + a, off + b) for a, b in spans]
+        for lo, hi, _, x, win in self._raw_blocks(row_spans, with_x, normalised=True):
             y, r1, _ = self._labels(win, hi - lo)
-            x = normalise(raw, self.mean, self.std, self.cfg) if raw is not None else None
             sess = calendar.session_day(ts[lo:hi]).astype(np.int32)
             yield RowBlock(part, lo - off, x, y, r1, sess)
 

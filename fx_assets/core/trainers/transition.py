@@ -463,6 +463,33 @@ def normalise(block: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, cfg: T
     )
 
 
+def normalise_values(
+    values: torch.Tensor, col_idx: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, cfg: TrainConfig
+) -> torch.Tensor:
+    """The normalised inputs of raw value rows ``values`` ([m, w] float32 | bfloat16, the input
+    columns at ``col_idx``): on CUDA the resident path's ``normalise`` kernel (same gather, same
+    float32 affine from ``mean`` / ``std``, same arithmetic), elsewhere (or if it fails) the torch
+    gather and :func:`normalise`. What a streamed block runs."""
+    m, f = int(values.shape[0]), int(col_idx.numel())
+    ker = _kernels() if values.device.type == "cuda" else None
+    if ker is not None and values.stride(1) == 1 and values.dtype in (torch.float32, torch.bfloat16) and m:
+        try:
+            inv = 1.0 / std  # the finalize kernel's affine: 1 / std, -mean / std, in float32
+            scale, shift = inv.to(torch.float32), (-mean * inv).to(torch.float32)
+            x = torch.empty((m, f), dtype=torch.float32, device=values.device)
+            chk = torch.zeros(_N_CHECKS, dtype=torch.int32, device=values.device)
+            nb = TUNING["norm_block"]
+            ker["normalise"][(math.ceil(m * f / nb),)](
+                values, col_idx, scale, shift, x, chk, 0, m * f, int(values.stride(0)), f, float(cfg.clip_z),
+                BLOCK=nb, num_warps=TUNING["norm_warps"],
+            )  # fmt: skip
+            return x
+        except Exception as exc:
+            _kernel_failed(exc)
+    block = values.index_select(1, col_idx)
+    return normalise(block if block.dtype == torch.float32 else block.to(torch.float32), mean, std, cfg)
+
+
 def labels_of(
     logc: torch.Tensor, changes: torch.Tensor | None, cfg: TrainConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
