@@ -25,7 +25,8 @@ forward labels need, so a label at a block edge is the one the resident path com
 device the block's inputs are gathered, widened to f32 and normalised by
 :func:`~fx_assets.core.trainers.transition.normalise_values` (on CUDA the resident path's Triton
 ``normalise`` kernel, elsewhere its torch ops); the labels come from
-:func:`~fx_assets.core.trainers.transition.labels_of` over the block and its look-ahead, with
+:func:`~fx_assets.core.trainers.transition.block_labels` (the resident path's ``fwd_labels``
+kernel on CUDA, its torch ops elsewhere) over the block and its look-ahead, with
 the roll mask from the ``contract`` price column's changes inside that window (a label never
 spans a roll; prices past ``val_end`` are never read) — the resident path's functions, so equal
 statistics give equal bits.
@@ -63,7 +64,7 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, open_fxcache
 from fx_assets.core.trainers.common import FoldRangeLike, TrainConfig
 from fx_assets.core.trainers.rows import FoldRows, Moments, Part, RowBlock
-from fx_assets.core.trainers.transition import floor_std, labels_of, normalise_values, select_inputs
+from fx_assets.core.trainers.transition import block_labels, floor_std, normalise_values, select_inputs
 
 DEFAULT_STREAM_BLOCK_ROWS = 1 << 20
 BUDGET_MARGIN_FRACTION = 0.10  # default budget: free device memory minus this share of it ...
@@ -404,7 +405,7 @@ class StreamedRows(FoldRows):
             changes = torch.zeros(seg.shape[0], dtype=torch.int32, device=seg.device)
             if seg.shape[0] > 1:
                 changes[1:] = torch.cumsum(seg[1:] != seg[:-1], 0, dtype=torch.int32)
-        r1, blended = labels_of(torch.log(close), changes, self.cfg)
+        r1, blended = block_labels(close, changes, self.cfg)
         target = blended if self.cfg.target == "blended" else r1
         return target[:m], r1[:m], close[:m]
 

@@ -416,6 +416,23 @@ def _fused_labels(
         return None
 
 
+def block_labels(
+    close: torch.Tensor, changes: torch.Tensor | None, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1-bar return, blended target) of rows with float64 ``close`` (and ``changes``, their
+    running segment-change counts, int32): on CUDA the resident path's ``fwd_labels`` kernel,
+    elsewhere (or if it fails) :func:`labels_of`, both from ``ln close`` as the store computes it.
+    What a streamed block runs over its rows and look-ahead."""
+    logc = torch.log(close)
+    if close.device.type == "cuda":
+        chk = torch.zeros(_N_CHECKS, dtype=torch.int32, device=close.device)
+        seg = changes.contiguous() if changes is not None else None
+        lab = _fused_labels(logc, close, seg, cfg.horizons, cfg.entry_lag, 0, chk)
+        if lab is not None:
+            return lab
+    return labels_of(logc, changes, cfg)
+
+
 # ---------------------------------------------------------------------------- fold transition
 def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tuple[str, ...], list[int]]:
     """Model input columns: ``cfg.input_columns`` or every column not stored as a price.
