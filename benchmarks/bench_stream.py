@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -197,14 +198,18 @@ def main() -> None:
                 d = tmp / f"m_{trainer}_{bs}_{name}"
                 _sync()
                 t = time.perf_counter()
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
                 r = (train_mlp if trainer == "mlp" else train_dqn)(rows, cfg, d, keys)
                 wall = time.perf_counter() - t
+                ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
                 tr = [h["train_seconds"] for h in r.history]
                 fit = json.loads(r.sidecar_path.read_text())["early_stopping"]["fit_rows"]
                 row[name] = {
                     "train_seconds": rounds_summary(tr),
                     "epoch_seconds": rounds_summary([h["epoch_seconds"] for h in r.history]),
                     "wall_seconds": wall,
+                    "cpu_seconds_user_sys": cpu,
                     "fit_rows": fit,
                 }
                 if trainer == "mlp":
