@@ -226,6 +226,35 @@ def test_features_then_one_training_run(market: Path) -> None:
             )
         assert (market / "reports" / "ES.FUT_walk_forward.png").stat().st_size > 1000
 
+        # Issue 11: a device-memory budget below a fold's size streams each fold from its
+        # fxcache files through the same asset; nothing is uploaded, and the budget is in the key.
+        streaming = DeviceFxCacheLoader(
+            storage=res["storage"],
+            pipeline=res["pipeline"],
+            device_memory_budget_gib=1e-6,
+            stream_block_rows=1024,
+        )
+        r = job.execute_in_process(
+            instance=inst,
+            resources={**res, "fxcache_loader": streaming},
+            run_config=QUIET,
+            tags={
+                "dagster/asset_partition_range_start": "2024-04|ES.FUT",
+                "dagster/asset_partition_range_end": "2024-07|ES.FUT",
+            },
+        )
+        assert r.success
+        tm = meta(r, "trained_model")
+        assert tm["uploads"] == 0 and tm["folds"].count("| trained |") == 2, tm["folds"]
+        obs = [
+            o.event_log_entry.asset_observation
+            for o in inst.fetch_observations(dg.AssetKey("trained_model"), limit=2).records
+        ]
+        for o in obs:
+            md = {k: v.value for k, v in o.metadata.items()}
+            assert md["fold_rows"] == "stream" and md["stream_blocks"] > 0 and md["stream_h2d_bytes"] > 0, md
+            assert md["fold_device_gib"] > md["device_budget_gib"]
+
         # A partial success is never reported as success: with the 2024-Q3 fold's ranges file gone
         # (deleted by hand), that fold fails inside the run, the step and run fail naming it, and
         # only the fold that finished is recorded as materialized.

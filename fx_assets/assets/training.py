@@ -24,11 +24,13 @@ from fx_assets.automation import EAGER_ALL, REPORT
 from fx_assets.core import lineage
 from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
-from fx_assets.core.calendar import quarter_label
+from fx_assets.core.calendar import quarter_label, session_day
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.fold_stream import StreamedRows
 from fx_assets.core.folds import FoldRange, feature_lookback, fold_range, fold_table, quarter_start_ns
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, gross_returns, stitch
+from fx_assets.core.trainers.common import FoldData
 from fx_assets.core.trainers.dqn import train_dqn
 from fx_assets.core.trainers.mlp import train_mlp
 from fx_assets.core.trainers.transition import fold_transition, warm_up
@@ -235,31 +237,55 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 )
                 context.log.info(f"{part.label}: model {mkey[:16]} already trained, reused")
                 return _fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"), built_meta
-            first = not warm
-            if first:
-                # the run's first trained fold: build the transition kernels on a small fold of
-                # its first quarter (same layout, same kernel build) first, so no fold's switch
-                # time includes the one-off build, and the fold's own view is still built below
-                warm["kernel_warmup_ms"] = round(warm_up(fxcache.view(parts[:1]), cfg) * 1e3, 3)
-            # A fold switch, timed whole: its view (a slice of the resident quarters: session
-            # ids, ln close and the roll counts come with it, computed at upload) and its inputs
-            # and labels.
-            t0 = time.perf_counter()
-            view = fxcache.view(parts)
-            view_ms = (time.perf_counter() - t0) * 1e3
-            try:
-                fold = fold_transition(view, fr, cfg)
-            except FxDataError as exc:
-                raise dg.Failure(f"{part.label}: {exc}") from exc
-            transition_ms = (time.perf_counter() - t0) * 1e3
+            plan = fxcache.plan(parts)
+            first = not warm and plan.mode == "resident"
+            stream_meta: dict[str, Any] = {}
+            if plan.mode == "resident":
+                if first:
+                    # the run's first trained fold: build the transition kernels on a small fold
+                    # of its first quarter (same layout, same kernel build) first, so no fold's
+                    # switch time includes the one-off build, and the fold's own view is still
+                    # built below
+                    warm["kernel_warmup_ms"] = round(warm_up(fxcache.view(parts[:1]), cfg) * 1e3, 3)
+                # A fold switch, timed whole: its view (a slice of the resident quarters: session
+                # ids, ln close and the roll counts come with it, computed at upload) and its
+                # inputs and labels.
+                t0 = time.perf_counter()
+                view = fxcache.view(parts)
+                view_ms = (time.perf_counter() - t0) * 1e3
+                try:
+                    resident = fold_transition(view, fr, cfg)
+                except FxDataError as exc:
+                    raise dg.Failure(f"{part.label}: {exc}") from exc
+                transition_ms = (time.perf_counter() - t0) * 1e3
+                val_ts, val_sessions = resident.val_ts, resident.val_sessions
+                fold: FoldData | StreamedRows = resident
+            else:
+                # The fold does not fit the device budget: its rows stream from the fxcache files
+                # (statistics in one pass over the training rows, here).
+                t0 = time.perf_counter()
+                try:
+                    streamed = fxcache.streamed(parts, fr, cfg)
+                except FxDataError as exc:
+                    raise dg.Failure(f"{part.label}: {exc}") from exc
+                view_ms = 0.0
+                transition_ms = (time.perf_counter() - t0) * 1e3
+                val_ts = streamed.val_ts()
+                fold = streamed
+                val_sessions = session_day(val_ts).astype(np.int32)
             t1 = time.perf_counter()
             trainer = train_mlp if cfg.trainer == "mlp" else train_dqn
-            result = trainer(fold, cfg, out_dir, keys)
+            try:
+                result = trainer(fold, cfg, out_dir, keys)
+            finally:
+                if isinstance(fold, StreamedRows):
+                    stream_meta = {f"stream_{k}": v for k, v in fold.stream_stats.as_dict().items()}
+                    fold.close()
             train_s = time.perf_counter() - t1
             oos = FoldOOS(
                 quarter_label(part.quarter),
-                fold.val_ts,
-                fold.val_sessions,
+                val_ts,
+                val_sessions,
                 result.val_positions,
                 result.val_returns,
                 gross_returns(result.val_returns, result.val_positions, cfg.cost),
@@ -274,6 +300,10 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 "trainer": cfg.trainer,
                 **{k: round(v, 6) for k, v in metrics.items()},
                 "best_epoch": result.best_epoch,
+                "fold_rows": plan.mode,
+                "fold_device_gib": round(plan.need_bytes / 2**30, 4),
+                "device_budget_gib": round(plan.budget_bytes / 2**30, 4),
+                **{k: round(v, 6) if isinstance(v, float) else v for k, v in stream_meta.items()},
                 "fold_transition_ms": round(transition_ms, 3),
                 "fold_view_ms": round(view_ms, 3),
                 **(warm if first else {}),

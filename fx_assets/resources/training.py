@@ -7,11 +7,17 @@ fxcache onto the device **once per run** (pinned, chunked host→device copies t
 one process, so the training job runs with the in-process executor: every fold asset of the
 run sees the same store and no quarter crosses the bus twice. Without CUDA the same code runs
 on the CPU.
+
+When a fold does not fit in device memory (``device_memory_budget_gib``, default: the device's
+free memory minus a margin), its quarters are not uploaded: the fold is trained from blocks
+streamed from its fxcache files (:class:`fx_assets.core.fold_stream.StreamedRows`), decided
+per fold by :meth:`ResidentQuarters.plan`.
 """
 
 import datetime as dt
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import dagster as dg
@@ -21,6 +27,7 @@ from pydantic import Field, PrivateAttr
 from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
 from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, default_device
+from fx_assets.core.fold_stream import StreamedRows, default_budget_bytes, fold_device_bytes, plan_fold
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig
@@ -88,20 +95,55 @@ def default_training(train_quarters: int) -> TrainingConfig:
 
 
 @dataclass
+class FoldPlan:
+    """How a fold is trained: ``resident`` (its quarters on the device) or ``stream``."""
+
+    mode: str
+    need_bytes: int  # the resident fold's device bytes (core.fold_stream.fold_device_bytes)
+    budget_bytes: int
+
+
+@dataclass
 class ResidentQuarters:
-    """The quarters an input loaded, resident on the device, by partition label."""
+    """The quarters an input loaded, resident on the device, by partition label; and the
+    fxcache files of every requested partition, for folds that stream."""
 
     store: DeviceStore
     loader: "DeviceFxCacheLoader"  # the loader that uploaded them (its settings key the models)
     keys: dict[str, str] = field(default_factory=dict)  # "2024-Q1|ES.FUT" -> store key (cache key)
+    paths: dict[str, Path] = field(default_factory=dict)  # "2024-Q1|ES.FUT" -> fxcache file
 
     def view(self, parts: list[QuarterSymbol]) -> DeviceSlice:
+        """The fold's resident slice (its quarters uploaded now if the input did not)."""
+        if any(p.label not in self.keys and p.label in self.paths for p in parts):
+            # quarters deferred by the input: this fold's go up together (one allocation, so
+            # the view is a slice), replacing whatever an earlier fold left on the device
+            self.keys = self.loader.load_quarters(parts, replace=True)
         missing = [p.label for p in parts if p.label not in self.keys]
         if missing:
             raise dg.Failure(
                 f"fxcache of {', '.join(missing)} not loaded (materialize fxcache for them first)"
             )
         return self.store.concat_view([self.keys[p.label] for p in parts])
+
+    def plan(self, parts: list[QuarterSymbol]) -> FoldPlan:
+        """Resident when the fold's quarters (and its transition's outputs) fit the loader's
+        device-memory budget, else streamed."""
+        need = self.loader.fold_bytes([self.paths[p.label] for p in parts])
+        budget = self.loader.budget_bytes()
+        return FoldPlan(plan_fold(need, budget), need, budget)
+
+    def streamed(self, parts: list[QuarterSymbol], fold_range: Any, cfg: TrainConfig) -> StreamedRows:
+        """The fold's rows streamed from its fxcache files, in blocks of ``cfg.block_rows`` (or
+        the loader's ``stream_block_rows``)."""
+        return StreamedRows(
+            [self.paths[p.label] for p in parts],
+            fold_range,
+            cfg,
+            block_rows=cfg.block_rows or self.loader.stream_block_rows,
+            device=self.store.device,
+            keys=[read_header(self.paths[p.label]).cache_key.hex() for p in parts],
+        )
 
 
 #: Loader fields that cannot change a trained model, left out of its key (the completeness test
@@ -126,9 +168,24 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
     chunk_rows: int = Field(
         default=65536, ge=1024, description="Rows per pinned staging chunk (bounds host memory)."
     )
+    device_memory_budget_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Device memory (GiB) a fold may take resident: its quarters, its inputs and "
+        "labels and the trainer's buffers (core.fold_stream.fold_device_bytes). A fold above it "
+        "is streamed from its fxcache files instead. None: the device's free memory when the "
+        "run starts minus 10 % (at least 2 GiB).",
+    )
+    stream_block_rows: int = Field(
+        default=1 << 20,
+        ge=1024,
+        description="Rows per block of a streamed fold when the trainer's block_rows is None "
+        "(each block crosses the bus once per pass; two pinned host and two device buffers).",
+    )
 
     _store: DeviceStore | None = PrivateAttr(default=None)
     _loaded: dict[str, str] = PrivateAttr(default_factory=dict)
+    _budget: int | None = PrivateAttr(default=None)
 
     def store(self) -> DeviceStore:
         if self._store is None:
@@ -156,14 +213,36 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         raise NotImplementedError("DeviceFxCacheLoader only loads inputs; fxcache writes its own files")
 
-    def load_quarters(self, parts: list[QuarterSymbol]) -> None:
+    def budget_bytes(self) -> int:
+        """The device-memory budget in bytes (the setting, or free memory minus a margin,
+        resolved once per run)."""
+        if self.device_memory_budget_gib is not None:
+            return int(self.device_memory_budget_gib * (1 << 30))
+        if self._budget is None:
+            self._budget = default_budget_bytes(self.store().device)
+        return self._budget
+
+    def fold_bytes(self, paths: list[Path]) -> int:
+        """Device bytes of a resident fold over these fxcache files (from their headers)."""
+        hs = [read_header(p) for p in paths]
+        n = sum(int(h.n_bars) for h in hs)
+        h = hs[0]
+        itemsize = self.store().value_dtype.itemsize
+        return fold_device_bytes(n, int(h.row_width), itemsize, int(h.price_width), int(h.n_values))
+
+    def load_quarters(self, parts: list[QuarterSymbol], replace: bool = False) -> dict[str, str]:
         """Upload the partitions' fxcache files this run has not uploaded yet, in one threaded
         read → pinned buffer → device pipeline (each file validated first). Each symbol's
         quarters go in time order, so the store lays them back to back and a fold's view of
-        consecutive quarters is a slice, not a copy."""
+        consecutive quarters is a slice, not a copy. ``replace`` (folds uploaded one at a time):
+        every quarter on the device is dropped first. Returns label -> store key of what is
+        uploaded."""
+        if replace:
+            for label in list(self._loaded):
+                self.store().drop_quarter(self._loaded.pop(label))
         todo = sorted((p for p in parts if p.label not in self._loaded), key=lambda p: (p.symbol, p.quarter))
         if not todo:
-            return
+            return dict(self._loaded)
         items = []
         for part in todo:
             path = StageIO(self.storage, self.pipeline, part).require("fxcache")
@@ -178,18 +257,27 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager):
             for part in todo:
                 self._loaded.pop(part.label, None)
             raise
+        return dict(self._loaded)
 
     def load_input(self, context: dg.InputContext) -> ResidentQuarters:
         keys = context.asset_partition_keys if context.has_asset_partitions else []
         t0 = time.perf_counter()
         before = int(self.store().stats()["uploads"])
-        self.load_quarters([parse_partition_key(k) for k in sorted(keys, key=str)])
+        parts = [parse_partition_key(k) for k in sorted(keys, key=str)]
+        paths = {p.label: StageIO(self.storage, self.pipeline, p).require("fxcache") for p in parts}
+        need = self.fold_bytes(list(paths.values())) if paths else 0
+        budget = self.budget_bytes()
+        if need <= budget:  # every requested quarter fits at once: upload them all now
+            self.load_quarters(parts)
+            how = "uploaded now"
+        else:  # each fold decides: resident folds upload their quarters when they run
+            how = f"deferred to the folds (all would need {need / 2**30:.2f} GiB > budget {budget / 2**30:.2f} GiB)"
         stats = self.store().stats()
         context.log.info(
-            f"fxcache loader: {len(keys)} partition(s) requested, {stats['uploads'] - before} uploaded now, "
+            f"fxcache loader: {len(keys)} partition(s) requested, {stats['uploads'] - before} {how}, "
             f"{stats['uploads']} uploads this run on {self.store().device} in {time.perf_counter() - t0:.3f}s"
         )
-        return ResidentQuarters(self.store(), self, dict(self._loaded))
+        return ResidentQuarters(self.store(), self, dict(self._loaded), paths)
 
 
 def quarter_window(val_quarter: dt.date, n_train: int) -> list[dt.date]:

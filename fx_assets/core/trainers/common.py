@@ -107,6 +107,14 @@ class TrainConfig(ConfigModel):
     )
     inner_frac: float = Field(0.15, gt=0, lt=0.5, description="Share of training rows held out for 'inner'.")
     deterministic: bool = Field(True, description="torch.use_deterministic_algorithms during training.")
+    block_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Rows per training block: an epoch visits the blocks of the fitted rows in a "
+        "seeded order and shuffles within each block. None: a resident fold is one block (a "
+        "streamed fold then uses the loader's stream_block_rows). Equal block_rows give the same "
+        "training whether the fold is resident or streamed.",
+    )
     # --- DQN
     gamma: float = Field(0.9, ge=0, lt=1, description="DQN discount per bar.")
     tau: float = Field(0.01, ge=0, le=1, description="Soft target update rate (0: periodic hard copy).")
@@ -192,6 +200,10 @@ class FoldData:
     def n_features(self) -> int:
         return int(self.x_train.shape[1])
 
+    @property
+    def n_train(self) -> int:
+        return int(self.x_train.shape[0])
+
     def norm_stats(self) -> dict[str, Any]:
         """JSON-ready per-fold normalisation statistics (float64 values round-trip exactly)."""
         return {
@@ -203,14 +215,14 @@ class FoldData:
         }
 
 
-def selection_split(fold: FoldData, cfg: TrainConfig) -> tuple[int, int]:
+def selection_split(fold: Any, cfg: TrainConfig) -> tuple[int, int]:
     """(fit_end, inner_start) in training-row indices.
 
     With ``early_stopping='inner'`` the model is fitted on ``[0, fit_end)`` and selected on
     ``[inner_start, n_train)``; ``inner_start - fit_end`` is the label reach, so no fitted label
     reads an inner-block price. With ``'validation'`` it fits on every training row.
     """
-    n_tr = int(fold.x_train.shape[0])
+    n_tr = int(fold.n_train)  # a FoldData or FoldRows
     if cfg.early_stopping == "validation":
         return n_tr, n_tr
     inner_start = n_tr - max(1, int(n_tr * cfg.inner_frac))
@@ -468,7 +480,7 @@ def load_state(path: Path | str, device: torch.device | str = "cpu") -> dict[str
 
 
 def sidecar_base(
-    fold: FoldData, cfg: TrainConfig, input_keys: Sequence[str], arch: dict[str, Any]
+    fold: Any, cfg: TrainConfig, input_keys: Sequence[str], arch: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "format": "fx_assets.trainer.v1",

@@ -48,6 +48,7 @@ from fx_assets.core.trainers.common import (
     state_to_cpu,
     use_cuda_graph,
 )
+from fx_assets.core.trainers.rows import FoldRows, Part, as_rows, block_order
 
 _EVAL_CHUNK = 1 << 16
 
@@ -169,52 +170,59 @@ def block_metrics(
     return m, pos, ret, eq
 
 
-def _host_block(y: torch.Tensor, r1: torch.Tensor, sessions: np.ndarray) -> dict[str, np.ndarray]:
-    return {"y": y.cpu().numpy(), "r1": r1.cpu().numpy(), "sessions": sessions}
+def _predict_blocks(model: torch.nn.Module, rows: FoldRows, part: Part, lo: int, hi: int) -> np.ndarray:
+    """P(y > 0) of rows ``[lo, hi)`` of ``part``, block by block, on the host (float64)."""
+    out = [predict_proba(model, b.x).double().cpu().numpy() for b in rows.block_list(part, lo, hi)]  # type: ignore[arg-type]
+    return np.concatenate(out) if out else np.empty(0)
 
 
 def train_mlp(
-    fold: FoldData, cfg: TrainConfig, out_dir: Path | str, input_keys: Sequence[str]
+    fold: FoldData | FoldRows, cfg: TrainConfig, out_dir: Path | str, input_keys: Sequence[str]
 ) -> TrainResult:
-    """Train the MLP baseline on one fold; write best/last checkpoints under ``out_dir``."""
-    dev = fold.device
+    """Train the MLP baseline on one fold; write best/last checkpoints under ``out_dir``.
+
+    The fold's fitted rows come as blocks (:mod:`~fx_assets.core.trainers.rows`): each epoch
+    visits them in a seeded order and, in each block, its rows with a finite non-zero target in
+    a random order (the batch generator's permutation). A resident fold with ``block_rows=None``
+    is one block, used in place.
+    """
+    rows = as_rows(fold, cfg.block_rows)
+    dev = rows.device
     metric = cfg.metric_name()
     graphed = use_cuda_graph(dev)
+    f = rows.n_features
     with seeded(cfg.seed, cfg.deterministic):
-        model = mlp_layers(fold.n_features, cfg.hidden, 1, cfg.dropout).to(dev)
+        model = mlp_layers(f, cfg.hidden, 1, cfg.dropout).to(dev)
         opt = make_optimizer(model, cfg, capturable=graphed)
         gen = make_generator(dev, cfg.seed + 1_000_003)
-        fit_end, inner_start = selection_split(fold, cfg)
-        y = fold.y_train
-        idx = torch.nonzero(torch.isfinite(y[:fit_end]) & (y[:fit_end] != 0)).squeeze(1)
-        n = int(idx.numel())
-        if n == 0:
-            raise FxDataError(f"fold {fold.keys}: no training rows with a non-zero label")
-        z = (y > 0).to(torch.float32)
-        steps = math.ceil(n / cfg.batch_size)
-        if cfg.max_steps_per_epoch is not None:
-            steps = min(steps, cfg.max_steps_per_epoch)
-        host = _host_block(fold.y_val, fold.r1_val, fold.val_sessions)
-        inner = _host_block(
-            fold.y_train[inner_start:], fold.r1_train[inner_start:], fold.train_sessions[inner_start:]
-        )
-        band_start = fold.x_train.shape[0] - max(1, int(fold.x_train.shape[0] * cfg.inner_frac))
-        band_tail = _host_block(
-            fold.y_train[band_start:], fold.r1_train[band_start:], fold.train_sessions[band_start:]
-        )
+        fit_end, inner_start = selection_split(rows, cfg)
+        n_tr = rows.n_train
+        spans = rows.grid("train", 0, fit_end)
+        host = rows.host_labels("val", 0, rows.n_val)
+        inner = rows.host_labels("train", inner_start, n_tr)
+        band_start = n_tr - max(1, int(n_tr * cfg.inner_frac))
+        band_tail = rows.host_labels("train", band_start, n_tr)
         lossf = torch.nn.BCEWithLogitsLoss()
         # The step over full batches is a fixed op sequence on persistent tensors (the batch is
-        # row ``s`` of the epoch's permutation, ``s`` a device counter), so on CUDA it is captured
-        # once as a CUDA graph and replayed; a last partial batch runs eagerly.
+        # row ``s`` of the block's permutation, ``s`` a device counter), so on CUDA it is
+        # captured once as a CUDA graph and replayed; a block's last partial batch runs eagerly.
+        # A single stable block is used in place; otherwise each block is copied into one
+        # work buffer (the graph reads fixed addresses).
         bs = cfg.batch_size
-        full = n // bs
-        perm_buf = torch.empty(n, dtype=torch.long, device=dev)
+        cap = max(b - a for a, b in spans)
+        in_place = rows.stable and len(spans) == 1
+        work = {
+            "x": None if in_place else torch.empty((cap, f), dtype=torch.float32, device=dev),
+            "z": None if in_place else torch.empty(cap, dtype=torch.float32, device=dev),
+        }
+        cap_full = cap // bs
+        perm_buf = torch.empty(cap, dtype=torch.long, device=dev)
         batch_no = torch.zeros(1, dtype=torch.long, device=dev)
         loss_sum = torch.zeros((), device=dev)
         params = list(model.parameters())
 
         def learn(b: torch.Tensor) -> None:
-            loss = lossf(model(fold.x_train[b]).squeeze(1), z[b])
+            loss = lossf(model(work["x"][b]).squeeze(1), work["z"][b])  # type: ignore[index]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -222,31 +230,56 @@ def train_mlp(
             loss_sum.add_(loss.detach())
 
         def full_step() -> None:
-            learn(perm_buf[: full * bs].view(full, bs).index_select(0, batch_no).view(bs))
+            learn(perm_buf[: cap_full * bs].view(cap_full, bs).index_select(0, batch_no).view(bs))
             batch_no.add_(1)
 
         runner = GraphRunner(full_step, dev, graphed)
         stopper = EarlyStopping(metric, cfg.patience, model)
         history: list[dict[str, float]] = []
+        n_labelled = 0
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
             model.train()
-            perm_buf.copy_(idx[torch.randperm(n, generator=gen, device=dev)])
-            batch_no.zero_()
             loss_sum.zero_()
-            runner.run(min(steps, full))
-            if steps > full:  # the last, partial batch
-                learn(perm_buf[full * bs :])
-            train_loss = float(loss_sum) / steps  # the epoch's one sync
+            steps_done, n_labelled = 0, 0
+            budget = cfg.max_steps_per_epoch
+            for blk in rows.blocks("train", spans, block_order(len(spans), cfg.seed, epoch)):
+                if budget is not None and steps_done >= budget:
+                    break
+                y = blk.y
+                idx = torch.nonzero(torch.isfinite(y) & (y != 0)).squeeze(1)
+                n = int(idx.numel())
+                n_labelled += n
+                if n == 0:
+                    continue
+                if in_place:
+                    if work["x"] is None:
+                        work["x"], work["z"] = blk.x, (y > 0).to(torch.float32)
+                else:
+                    work["x"][: blk.n].copy_(blk.x)  # type: ignore[index,arg-type]
+                    work["z"][: blk.n].copy_(y > 0)  # type: ignore[index]
+                perm_buf[:n].copy_(idx[torch.randperm(n, generator=gen, device=dev)])
+                batch_no.zero_()
+                steps = math.ceil(n / bs)
+                if budget is not None:
+                    steps = min(steps, budget - steps_done)
+                full = n // bs
+                runner.run(min(steps, full))
+                if steps > full:  # the block's last, partial batch
+                    learn(perm_buf[full * bs : n])
+                steps_done += steps
+            if epoch == 0 and n_labelled == 0:
+                raise FxDataError(f"fold {rows.keys}: no training rows with a non-zero label")
+            train_loss = float(loss_sum) / max(1, steps_done)  # the epoch's one sync
             t_train = time.perf_counter() - t0
-            p = predict_proba(model, fold.x_val).double().cpu().numpy()
+            p = _predict_blocks(model, rows, "val", 0, rows.n_val)
             if cfg.early_stopping == "inner":
-                pin = predict_proba(model, fold.x_train[inner_start:]).double().cpu().numpy()
+                pin = _predict_blocks(model, rows, "train", inner_start, n_tr)
                 band = choose_band(pin, inner, cfg)  # after costs, on the inner block only
                 sel = block_metrics(pin, inner, cfg, band)[0][metric]
                 m, pos, ret, eq = block_metrics(p, host, cfg, band)
             else:  # no held-out block: the band comes from the training tail, in sample
-                pin = predict_proba(model, fold.x_train[band_start:]).double().cpu().numpy()
+                pin = _predict_blocks(model, rows, "train", band_start, n_tr)
                 m, pos, ret, eq = block_metrics(p, host, cfg, choose_band(pin, band_tail, cfg))
                 sel = m[metric]
             m.update(
@@ -263,8 +296,8 @@ def train_mlp(
         best_out[0].update(leak_detector(best_out[4], host["y"], host["r1"], cfg))
         last_state = state_to_cpu(model)
 
-    arch = {"kind": "mlp", "in_dim": fold.n_features, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
-    side = sidecar_base(fold, cfg, input_keys, arch)
+    arch = {"kind": "mlp", "in_dim": f, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
+    side = sidecar_base(rows, cfg, input_keys, arch)
     side.update(
         metrics=best_out[0],
         best_epoch=best_epoch,
@@ -276,5 +309,6 @@ def train_mlp(
         },
         history=history,
         cuda_graph=runner.captured,
+        blocks={"rows": rows.block_rows, "fit_blocks": len(spans), "source": rows.extra.get("rows", "")},
     )
     return finish_training(out_dir, best_state, last_state, side, best_out, best_epoch, history)

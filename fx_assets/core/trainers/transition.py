@@ -416,6 +416,23 @@ def _fused_labels(
         return None
 
 
+def block_labels(
+    close: torch.Tensor, changes: torch.Tensor | None, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1-bar return, blended target) of rows with float64 ``close`` (and ``changes``, their
+    running segment-change counts, int32): on CUDA the resident path's ``fwd_labels`` kernel,
+    elsewhere (or if it fails) :func:`labels_of`, both from ``ln close`` as the store computes it.
+    What a streamed block runs over its rows and look-ahead."""
+    logc = torch.log(close)
+    if close.device.type == "cuda":
+        chk = torch.zeros(_N_CHECKS, dtype=torch.int32, device=close.device)
+        seg = changes.contiguous() if changes is not None else None
+        lab = _fused_labels(logc, close, seg, cfg.horizons, cfg.entry_lag, 0, chk)
+        if lab is not None:
+            return lab
+    return labels_of(logc, changes, cfg)
+
+
 # ---------------------------------------------------------------------------- fold transition
 def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tuple[str, ...], list[int]]:
     """Model input columns: ``cfg.input_columns`` or every column not stored as a price.
@@ -423,16 +440,84 @@ def input_column_indices(store_slice: DeviceSlice, cfg: TrainConfig) -> tuple[tu
     Raw price levels (:data:`DEFAULT_PRICE_COLUMNS`) are refused even when named explicitly: a
     z-scored price level still carries the regime of the training window into the states.
     """
+    return select_inputs(store_slice.columns, store_slice.price_columns, store_slice.keys, cfg)
+
+
+def select_inputs(
+    columns: Sequence[str], price_columns: Sequence[str], keys: Sequence[str], cfg: TrainConfig
+) -> tuple[tuple[str, ...], list[int]]:
+    """:func:`input_column_indices` from the column names of a value block and its price block
+    (the streamed path has no slice)."""
+    columns = tuple(columns)
     if cfg.input_columns is None:
-        names = tuple(c for c in store_slice.columns if c not in store_slice.price_columns)
+        names = tuple(c for c in columns if c not in price_columns)
     else:
         names = tuple(cfg.input_columns)
         leaked = [c for c in names if c in DEFAULT_PRICE_COLUMNS or c == CLOSE_COLUMN]
         if leaked:
-            raise FxDataError(f"input columns {leaked} are raw price columns of {store_slice.keys}")
+            raise FxDataError(f"input columns {leaked} are raw price columns of {tuple(keys)}")
     if not names:
-        raise FxDataError(f"no input columns in {store_slice.keys}")
-    return names, [store_slice.column_index(c) for c in names]
+        raise FxDataError(f"no input columns in {tuple(keys)}")
+    missing = [c for c in names if c not in columns]
+    if missing:
+        raise FxDataError(f"column {missing[0]!r} not in fxcache columns of {tuple(keys)}")
+    return names, [columns.index(c) for c in names]
+
+
+def floor_std(var: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """The per-column std of the normalisation: ``sqrt(var)``, 1 where it is not above
+    ``cfg.std_floor`` (such a column is centred only)."""
+    std = var.sqrt()
+    return torch.where(std > cfg.std_floor, std, torch.ones_like(std))
+
+
+def normalise(block: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """``clip((block - mean) / std)`` in float32, as one fused multiply-add: the torch path of
+    :func:`fold_transition` and every streamed block (same op, same bits)."""
+    inv = std.reciprocal()
+    return torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
+        -cfg.clip_z, cfg.clip_z
+    )
+
+
+def normalise_values(
+    values: torch.Tensor, col_idx: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, cfg: TrainConfig
+) -> torch.Tensor:
+    """The normalised inputs of raw value rows ``values`` ([m, w] float32 | bfloat16, the input
+    columns at ``col_idx``): on CUDA the resident path's ``normalise`` kernel (same gather, same
+    float32 affine from ``mean`` / ``std``, same arithmetic), elsewhere (or if it fails) the torch
+    gather and :func:`normalise`. What a streamed block runs."""
+    m, f = int(values.shape[0]), int(col_idx.numel())
+    ker = _kernels() if values.device.type == "cuda" else None
+    if ker is not None and values.stride(1) == 1 and values.dtype in (torch.float32, torch.bfloat16) and m:
+        try:
+            inv = 1.0 / std  # the finalize kernel's affine: 1 / std, -mean / std, in float32
+            scale, shift = inv.to(torch.float32), (-mean * inv).to(torch.float32)
+            x = torch.empty((m, f), dtype=torch.float32, device=values.device)
+            chk = torch.zeros(_N_CHECKS, dtype=torch.int32, device=values.device)
+            nb = TUNING["norm_block"]
+            ker["normalise"][(math.ceil(m * f / nb),)](
+                values, col_idx, scale, shift, x, chk, 0, m * f, int(values.stride(0)), f, float(cfg.clip_z),
+                BLOCK=nb, num_warps=TUNING["norm_warps"],
+            )  # fmt: skip
+            return x
+        except Exception as exc:
+            _kernel_failed(exc)
+    block = values.index_select(1, col_idx)
+    return normalise(block if block.dtype == torch.float32 else block.to(torch.float32), mean, std, cfg)
+
+
+def labels_of(
+    logc: torch.Tensor, changes: torch.Tensor | None, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1-bar return, blended target) of the rows of ``logc`` (ln close), NaN where a horizon
+    runs past its end or (``changes``: running segment-change counts of the same rows) spans a
+    roll: the torch path of :func:`fold_transition`, also what each streamed block runs over its
+    rows and look-ahead."""
+    r1, blended = _labels(logc, cfg.horizons, cfg.entry_lag)
+    if changes is not None:
+        r1, blended = _mask_segment_crossings(changes, r1, blended, cfg)
+    return r1, blended
 
 
 def fold_transition(
@@ -496,13 +581,8 @@ def fold_transition(
             block = block.to(torch.float32)
         # float64 statistics of the training rows (one Welford reduction over the widened block)
         var, mean = torch.var_mean(block[:n_tr].to(torch.float64), dim=0, correction=0)
-        std = var.sqrt()
-        std = torch.where(std > cfg.std_floor, std, torch.ones_like(std))
-        inv = std.reciprocal()
-        # x = (block - mean) / std in one fused pass, then clipped in place
-        x = torch.addcmul((-mean * inv).to(torch.float32), block, inv.to(torch.float32)).clamp_(
-            -cfg.clip_z, cfg.clip_z
-        )
+        std = floor_std(var, cfg)
+        x = normalise(block, mean, std, cfg)  # (block - mean) / std in one fused pass, clipped
         # A NaN/Inf training input makes its column's mean/var non-finite, a validation one
         # its column's sum (a sum that merely overflows float32 is sorted out by the slow path).
         chk[0] += (~(torch.isfinite(mean) & torch.isfinite(var))).sum().to(torch.int32)
@@ -518,9 +598,7 @@ def fold_transition(
     if lab is not None:
         r1, blended = lab  # the roll mask and the counts are the kernel's
     else:
-        r1, blended = _labels(logc, cfg.horizons, cfg.entry_lag)
-        if seg is not None:
-            r1, blended = _mask_segment_crossings(seg, r1, blended, cfg)
+        r1, blended = labels_of(logc, seg, cfg)
         chk[2] += (~torch.isfinite(blended[:n_tr])).sum().to(torch.int32)
         chk[3] += (~torch.isfinite(r1[:n_tr])).sum().to(torch.int32)
         chk[4] += (~(torch.isfinite(close) & (close > 0))).sum().to(torch.int32)
