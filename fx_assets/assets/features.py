@@ -25,25 +25,21 @@ from fx_assets.assets.common import (
 from fx_assets.automation import CHAIN
 from fx_assets.core import lineage, verify
 from fx_assets.core import ofi as ofi_core
+from fx_assets.core.active_contract import (
+    ActiveTrades,
+    active_trade_flow,
+    active_trades,
+    roll_calendar_from_table,
+)
 from fx_assets.core.bar_features import FeatureTable, validate_features
+from fx_assets.core.bar_rows import assemble_fxcache_columns, quarter_bar_features, quarter_bars, quarter_ofi
 from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
+from fx_assets.core.book import BookSource
 from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import write_fxcache
-from fx_assets.core.stages import (
-    ActiveTrades,
-    BookSource,
-    active_trade_flow,
-    active_trades,
-    assemble_fxcache_columns,
-    ofi_warmup_start,
-    quarter_bar_features,
-    quarter_bars,
-    quarter_ofi,
-    read_table,
-    roll_calendar_from_table,
-    write_table,
-)
+from fx_assets.core.ofi_warmup import ofi_warmup_start
+from fx_assets.core.tables import read_table, write_table
 from fx_assets.partitions import QuarterSymbol, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
