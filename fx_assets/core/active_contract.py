@@ -71,6 +71,22 @@ def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
     return RollCalendar(sess, iid, tuple(d["raw_symbol"]), tuple(d["expiry"]), is_roll, events)
 
 
+def contract_codes_of(calendar: RollCalendar) -> Callable[[npt.ArrayLike], F64]:
+    """A function from instrument ids to their contract codes: the expiry as ``yyyymm`` (or the
+    instrument id when the expiry is unknown). Trainers and labels use the codes to keep a
+    label from spanning a roll."""
+    code_by_iid: dict[int, float] = {}
+    for iid, exp in zip(calendar.instrument_id, calendar.expiry, strict=True):
+        code_by_iid[int(iid)] = float(exp.year * 100 + exp.month) if exp is not None else float(iid)
+
+    def codes(instrument_id: npt.ArrayLike) -> F64:
+        uniq, inv = np.unique(np.asarray(instrument_id), return_inverse=True)
+        vals = np.array([code_by_iid.get(int(u), float(u)) for u in uniq], dtype=np.float64)
+        return vals[inv].reshape(-1)
+
+    return codes
+
+
 # --- trades ---------------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.active_contract import ActiveTrades, TradeFlow, _active_table
+from fx_assets.core.active_contract import ActiveTrades, TradeFlow, _active_table, contract_codes_of
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
 from fx_assets.core.bars import BarConfig, BarTable, build_bars
 from fx_assets.core.book import DEFAULT_BOOK_CHUNK, BookSource, _book_columns, _book_rows, _BookBuffers
@@ -233,12 +233,7 @@ def quarter_ofi(
 def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
     """Per bar, the contract's expiry as ``yyyymm`` (or the instrument id when the expiry is
     unknown): trainers use it to keep labels from spanning a roll."""
-    code_by_iid: dict[int, float] = {}
-    for iid, exp in zip(calendar.instrument_id, calendar.expiry, strict=True):
-        code_by_iid[int(iid)] = float(exp.year * 100 + exp.month) if exp is not None else float(iid)
-    uniq, inv = np.unique(bars.instrument_id, return_inverse=True)
-    codes = np.array([code_by_iid.get(int(u), float(u)) for u in uniq], dtype=np.float64)
-    return codes[inv]
+    return contract_codes_of(calendar)(bars.instrument_id)
 
 
 def _all_finite_rows(cols: Sequence[np.ndarray], n: int) -> npt.NDArray[np.bool_]:
