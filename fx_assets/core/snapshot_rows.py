@@ -73,6 +73,7 @@ I64 = npt.NDArray[np.int64]
 F_LAST = 128  # DBN flag: the last record of the venue's event for the instrument
 SNAPSHOT_PRICE_COLUMNS = ("mid", "session", "contract")
 DEFAULT_SNAPSHOT_CHUNK = 1_000_000  # MBP-10 records per chunk
+_PLAN_BLOCK = 1 << 22  # records per block of the planning pass (its pages are released after it)
 _SIDE_BUY = ord("B")
 _SIDE_SELL = ord("A")
 # excluded-record counters of the planning pass
@@ -98,6 +99,10 @@ def _row_of(
     return 0, s, k
 
 
+# planning-pass state carried from block to block
+_P_ROWS, _P_BAR, _P_K, _P_LAST_TS, _P_BAD = 0, 1, 2, 3, 4
+
+
 @njit(cache=True, nogil=True)
 def _plan_nb(
     ts: I64,
@@ -108,18 +113,26 @@ def _plan_nb(
     bounds: I64,
     act: I64,
     ts_close: I64,
+    lo: int,
+    hi: int,
     close_rows: I64,
     counts: I64,
-) -> int:
-    """Rows of the whole file (count), each bar's closing row ``close_rows[j]`` = the number of
-    rows with ``ts_recv < ts_close[j]`` (the first row at or after its close), and the excluded
-    records per class in ``counts``."""
+    st: I64,
+) -> None:
+    """Records ``[lo, hi)``: count the rows (``st[_P_ROWS]``), set each bar's closing row
+    ``close_rows[j]`` = the number of rows with ``ts_recv < ts_close[j]`` (the first row at or
+    after its close) once a row reaches it, count the excluded records per class, and note the
+    first record out of ``ts_recv`` order (``st[_P_BAD]``, -1: none). State in ``st``."""
     nb = ts_close.shape[0]
-    n = 0
-    jb = 0
-    k = 0
-    for i in range(ts.shape[0]):
+    n = st[_P_ROWS]
+    jb = st[_P_BAR]
+    k = st[_P_K]
+    last = st[_P_LAST_TS]
+    for i in range(lo, hi):
         t = ts[i]
+        if t < last and st[_P_BAD] < 0:
+            st[_P_BAD] = i
+        last = t
         why, _, k = _row_of(t, int(iid[i]), int(flags[i]), bid[i], ask[i], bounds, act, k)
         if why:
             counts[why - 1] += 1
@@ -128,10 +141,10 @@ def _plan_nb(
             close_rows[jb] = n
             jb += 1
         n += 1
-    while jb < nb:
-        close_rows[jb] = n
-        jb += 1
-    return n
+    st[_P_ROWS] = n
+    st[_P_BAR] = jb
+    st[_P_K] = k
+    st[_P_LAST_TS] = last
 
 
 @njit(cache=True, nogil=True)
@@ -205,9 +218,6 @@ def plan_snapshot_rows(
     """First pass: count the rows of ``book`` and place each bar's close among them."""
     cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "flags", "bid_px_00", "ask_px_00"])
     ts = cols["ts_recv"]
-    if ts.size and bool(np.any(ts[1:] < ts[:-1])):
-        i = int(np.flatnonzero(ts[1:] < ts[:-1])[0]) + 1
-        raise FxDataError(f"snapshot rows {partition}: {book.path} is not in ts_recv order at record {i}")
     tc = np.ascontiguousarray(bars.ts_close, dtype=np.int64)
     if tc.size > 1 and bool(np.any(tc[1:] < tc[:-1])):
         raise FxDataError(f"snapshot rows {partition}: bars are not in ts_close order")
@@ -215,10 +225,21 @@ def plan_snapshot_rows(
     bounds, act, _ = _active_table(book.calendar, ts)
     close_rows = np.zeros(tc.shape[0], np.int64)
     excluded = np.zeros(3, np.int64)
-    n = _plan_nb(
-        ts, cols["instrument_id"], cols["flags"], cols["bid_px_00"], cols["ask_px_00"], bounds, act, tc,
-        close_rows, excluded,
-    )  # fmt: skip
+    st = np.array([0, 0, 0, np.iinfo(np.int64).min, -1], dtype=np.int64)
+    releaser = PageReleaser(list(cols.values()))  # the scan's resident set stays one block
+    for lo in range(0, ts.shape[0], _PLAN_BLOCK):
+        hi = min(ts.shape[0], lo + _PLAN_BLOCK)
+        _plan_nb(
+            ts, cols["instrument_id"], cols["flags"], cols["bid_px_00"], cols["ask_px_00"], bounds, act, tc,
+            lo, hi, close_rows, excluded, st,
+        )  # fmt: skip
+        releaser.release_before(hi)
+    if st[_P_BAD] >= 0:
+        raise FxDataError(
+            f"snapshot rows {partition}: {book.path} is not in ts_recv order at record {int(st[_P_BAD])}"
+        )
+    n = int(st[_P_ROWS])
+    close_rows[int(st[_P_BAR]) :] = n  # bars closing after the last row
     bar_ok: npt.NDArray[np.bool_] = np.asarray(np.isfinite(bar_values).all(axis=1), dtype=np.bool_)
     # rows whose last closed bar is j: (close_rows[j], close_rows[j + 1]] (the last bar: to the end)
     ends = np.append(close_rows[1:], n - 1) if tc.size else np.empty(0, np.int64)

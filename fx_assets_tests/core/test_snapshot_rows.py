@@ -22,6 +22,7 @@ from fx_assets.core.book import BookSource
 from fx_assets.core.calendar import session_day
 from fx_assets.core.causality import truncate_sidecar
 from fx_assets.core.contracts import is_spread
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import DType, describe_fxcache, open_fxcache
 from fx_assets.core.roll import RollCalendar
 from fx_assets.core.sidecar import ensure_sidecar, open_sidecar, read_symbol_map, sidecar_columns
@@ -261,3 +262,37 @@ def test_the_fxcache_holds_the_rows(quarter: Quarter, tmp_path: Path, dtype: DTy
         np.testing.assert_allclose(vals, got.features, rtol=tol, atol=1e-30)
     d = describe_fxcache(p)
     assert d["valid"] and d["meta"]["row_unit"] == "snapshot"
+
+
+def test_the_planning_pass_block_size_changes_nothing(
+    quarter: Quarter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    monkeypatch.setattr(sr, "_PLAN_BLOCK", 1009)
+    b = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    np.testing.assert_array_equal(a.close_rows, b.close_rows)
+    assert a.counts == b.counts and a.n_selected == b.n_selected
+
+
+def test_bad_input_is_named(quarter: Quarter, tmp_path: Path) -> None:
+    def swap(cols: dict[str, np.ndarray]) -> None:
+        cols["ts_recv"][5000], cols["ts_recv"][5001] = cols["ts_recv"][5001] + 1, cols["ts_recv"][5000]
+
+    bad = BookSource(
+        _rewrite_sidecar(quarter.book.path, tmp_path / "unordered.arrow", swap), quarter.calendar
+    )
+    with pytest.raises(FxDataError, match=r"unordered.arrow is not in ts_recv order at record 5001"):
+        sr.plan_snapshot_rows(bad, quarter.bars, quarter.features, partition=Q)
+    ref = reference_rows(quarter.book)
+
+    def off_grid(cols: dict[str, np.ndarray]) -> None:
+        cols["bid_px_03"][ref[700]] += 10_000_000  # 0.01 points: off the 0.25 tick
+
+    bad = BookSource(
+        _rewrite_sidecar(quarter.book.path, tmp_path / "offgrid.arrow", off_grid), quarter.calendar
+    )
+    plan = sr.plan_snapshot_rows(bad, quarter.bars, quarter.features)
+    with pytest.raises(
+        FxDataError, match=rf"offgrid.arrow: bid_px_03 = .* at record {ref[700]} .* tick grid"
+    ):
+        list(sr.iter_snapshot_rows(bad, plan, CFG, chunk=10_000))
