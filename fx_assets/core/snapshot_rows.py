@@ -15,7 +15,7 @@ Columns:
 
 - ``feature`` group: ``feature_names(cfg)`` of :mod:`snapshot_features` (the row's book, its
   event-time flow and clocks), then ``bar_<name>`` for each bar feature of the last bar closed
-  strictly before the row (:func:`snapshot_features.bar_context`: bar j is closed for row n
+  strictly before the row (:func:`snapshot_features.last_closed_bar`: bar j is closed for row n
   when the first row with ``ts_recv >= ts_close_j`` precedes n; an equal ``ts_recv`` after
   that row counts, the row itself does not).
 - ``price`` group (f64, exact): ``mid`` = (best bid + best ask) / 2 in index points (on the
@@ -61,8 +61,8 @@ from fx_assets.core.snapshot_features import (
     SnapshotBook,
     SnapshotFeatureConfig,
     SnapshotState,
-    bar_context,
     feature_names,
+    last_closed_bar,
     new_state,
     snapshot_features,
 )
@@ -72,10 +72,10 @@ I64 = npt.NDArray[np.int64]
 
 F_LAST = 128  # DBN flag: the last record of the venue's event for the instrument
 SNAPSHOT_PRICE_COLUMNS = ("mid", "session", "contract")
-DEFAULT_SNAPSHOT_CHUNK = 1_000_000  # MBP-10 records per chunk
+DEFAULT_SNAPSHOT_CHUNK = 1 << 18  # MBP-10 records per chunk (~0.3 GB of chunk buffers)
 _PLAN_BLOCK = 1 << 22  # records per block of the planning pass (its pages are released after it)
-_SIDE_BUY = ord("B")
-_SIDE_SELL = ord("A")
+_SIDE_SIGN = np.zeros(256, np.int8)  # side byte -> aggressor sign (dbn.aggressor_sign)
+_SIDE_SIGN[ord("B")], _SIDE_SIGN[ord("A")] = 1, -1
 # excluded-record counters of the planning pass
 _C_INACTIVE, _C_NOT_LAST, _C_NO_TOUCH = 0, 1, 2
 
@@ -192,12 +192,14 @@ class SnapshotPlan:
     n_rows: int  # rows kept (written)
     counts: dict[str, int] = field(default_factory=dict)  # excluded records and dropped rows
 
-    def keep(self, row0: int, m: int) -> tuple[npt.NDArray[np.bool_], F64]:
-        """(kept mask, bar context values) of rows ``row0 .. row0 + m - 1``."""
-        values, j = bar_context(self.bar_values, self.close_rows, m, row0)
-        ok = j >= 0
-        ok[ok] = self.bar_ok[j[ok]]
-        return ok, values
+    def context(self, row0: int, m: int) -> tuple[npt.NDArray[np.bool_], I64]:
+        """(kept mask, last closed bar, clipped to 0 where none) of rows ``row0 .. row0 + m - 1``
+        (:func:`snapshot_features.last_closed_bar`)."""
+        j = last_closed_bar(self.close_rows, m, row0)
+        has = j >= 0
+        jj = np.where(has, j, 0)
+        ok = has & self.bar_ok[jj] if self.bar_ok.size else has
+        return ok, jj
 
 
 def _bar_block(bars: BarTable, features: FeatureTable) -> tuple[list[str], F64]:
@@ -278,12 +280,16 @@ def iter_snapshot_rows(
     chunk: int = DEFAULT_SNAPSHOT_CHUNK,
     state: SnapshotState | None = None,
 ) -> Iterator[SnapshotChunk]:
-    """Second pass: the kept rows, ``chunk`` sidecar records at a time (state carried)."""
+    """Second pass: the kept rows, ``chunk`` sidecar records at a time (state carried). The
+    arrays of a yielded chunk are reused for the next one: consume (or copy) each before
+    asking for the next."""
     levels = cfg.levels
     c = sidecar_columns(book.path, _book_names(levels))
     ts = c["ts_recv"]
     bounds, act, days = _active_table(book.calendar, ts)
-    code_of = contract_codes_of(book.calendar)
+    # per session slot: its day and its active contract's code (rows only occur in active slots)
+    slot_day = days.astype(np.float64)
+    slot_code = contract_codes_of(book.calendar)(np.where(act >= 0, act, 0).astype(np.uint32))
     tick_units = round(cfg.tick_size * 1e9)
     st = new_state(cfg) if state is None else state
     buffers = _BookBuffers()
@@ -293,7 +299,12 @@ def iter_snapshot_rows(
     idx_buf = np.empty(min(chunk, max(ts.shape[0], 1)), np.int64)
     slot_buf = np.empty_like(idx_buf)
     row0 = 0
-    last_key, n_breaks = np.int64(-1), np.int64(0)
+    last_slot, n_breaks = np.int64(-1), np.int64(0)
+    # Output blocks reused from chunk to chunk (a fresh block per chunk would fault in every
+    # page again): a yielded chunk is valid until the next one is requested.
+    chunk_cap = int(idx_buf.shape[0])
+    out_block = np.empty((0, 0))
+    out_prices = np.empty((0, len(SNAPSHOT_PRICE_COLUMNS)))
     for lo in range(0, ts.shape[0], chunk):
         hi = min(ts.shape[0], lo + chunk)
         m = _select_nb(
@@ -317,36 +328,43 @@ def iter_snapshot_rows(
                 f"{book.path}: {name} = {int(c[name][r]) * 1e-9!r} at record {r} (ts_recv {int(ts[r])}) "
                 f"is off the {cfg.tick_size:g} tick grid (SnapshotFeatureConfig.tick_size)"
             )
-        iid = c["instrument_id"][idx].astype(np.int64)
-        day = days[slot].astype(np.int64)
-        # running break count: +1 at every change of session or contract (the first row too)
-        key = (day << 32) | iid
+        # A row is its session's active contract, so its session slot fixes its day, contract
+        # and contract code; the break count (+1 at every change of session or contract, the
+        # first row too) moves exactly where the slot does.
         change = np.empty(m, np.int64)
-        change[0] = key[0] != last_key
-        change[1:] = key[1:] != key[:-1]
+        change[0] = slot[0] != last_slot
+        np.not_equal(slot[1:], slot[:-1], out=change[1:])
         breaks = n_breaks + np.cumsum(change)
-        last_key, n_breaks = key[-1], breaks[-1]
-        sd = c["side"][idx]
-        side = np.where(sd == _SIDE_BUY, 1, np.where(sd == _SIDE_SELL, -1, 0)).astype(np.int8)
+        last_slot, n_breaks = slot[m - 1], breaks[-1]
+        side = _SIDE_SIGN[c["side"][idx]]
         snap = SnapshotBook(
             ts=o_ts, breaks=breaks, action=c["action"][idx], side=side,
             size=c["size"][idx].astype(np.float64), bid_px=mats[0], ask_px=mats[1], bid_sz=mats[2],
             ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
         )  # fmt: skip
         feats, st = snapshot_features(snap, cfg, st)
-        keep, ctx = plan.keep(row0, m)
-        rows = np.arange(row0, row0 + m, dtype=np.int64)
-        if keep.any():
-            prices = np.empty((m, len(SNAPSHOT_PRICE_COLUMNS)))
-            prices[:, 0] = (mats[0][:, 0] + mats[1][:, 0]) / 2.0
-            prices[:, 1] = day
-            prices[:, 2] = code_of(iid)
-            yield SnapshotChunk(
-                ts=o_ts[keep].copy(),
-                features=np.concatenate([feats[keep], ctx[keep]], axis=1),
-                prices=prices[keep],
-                rows=rows[keep],
-            )
+        keep, jj = plan.context(row0, m)
+        n_keep = int(np.count_nonzero(keep))
+        if n_keep:
+            # one row-major block per chunk: the scan's columns, then the bar context (the
+            # bar features of each row's last closed bar, gathered straight into place)
+            nf = feats.shape[1]
+            width = nf + plan.bar_values.shape[1]
+            if out_block.shape[0] < m or out_block.shape[1] != width:
+                out_block = np.empty((max(m, chunk_cap), width))
+                out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
+            block, prices = out_block[:m], out_prices[:m]
+            block[:, :nf] = feats
+            np.take(plan.bar_values, jj, axis=0, out=block[:, nf:])
+            np.add(mats[0][:, 0], mats[1][:, 0], out=prices[:, 0])
+            prices[:, 0] /= 2.0
+            np.take(slot_day, slot, out=prices[:, 1])
+            np.take(slot_code, slot, out=prices[:, 2])
+            rows = np.arange(row0, row0 + m, dtype=np.int64)
+            if n_keep == m:  # the usual chunk: nothing dropped, no copies
+                yield SnapshotChunk(ts=o_ts, features=block, prices=prices, rows=rows)
+            else:
+                yield SnapshotChunk(ts=o_ts[keep], features=block[keep], prices=prices[keep], rows=rows[keep])
         row0 += m
         releaser.release_before(hi)
     if row0 != plan.n_selected:

@@ -75,7 +75,10 @@ def rows_of(
     plan = sr.plan_snapshot_rows(
         book, q.bars if bars is None else bars, q.features if feats is None else feats
     )
-    parts = list(sr.iter_snapshot_rows(book, plan, CFG, chunk=chunk))
+    parts = [  # a chunk's arrays are reused for the next: copy each as it comes
+        sr.SnapshotChunk(p.ts.copy(), p.features.copy(), p.prices.copy(), p.rows.copy())
+        for p in sr.iter_snapshot_rows(book, plan, CFG, chunk=chunk)
+    ]
     assert sum(len(p.ts) for p in parts) == plan.n_rows
     return sr.SnapshotChunk(
         ts=np.concatenate([p.ts for p in parts]),
