@@ -1,6 +1,6 @@
 """Feature benchmark (issue "Bars, bar features and OFI"): sidecars -> bars, bar_features, ofi.
 
-Runs the per-quarter stage drivers of ``fx_assets.core.stages`` the way the assets do
+Runs the per-quarter stage drivers of ``fx_assets.core.bar_rows`` the way the assets do
 (roll calendar, active trades, bars, bar features warmed up from the previous quarter's bars,
 OFI warmed up from the previous quarter, each output written as an Arrow file), each
 measurement in a fresh process so that its peak memory is its own:
@@ -93,9 +93,11 @@ class Layout:
 def _prepare(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dict[str, Any]:
     """Untimed set-up: the previous quarter's sidecars, roll calendar and bars files (what the
     assets of that quarter would have left), and the quarter's own sidecars."""
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
     from fx_assets.core.bar_features import max_window
+    from fx_assets.core.bar_rows import quarter_bars
     from fx_assets.core.bars import BarConfig
-    from fx_assets.core.stages import active_trades, quarter_bars, quarter_roll_calendar, write_table
+    from fx_assets.core.tables import write_table
 
     lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
     lay.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -123,20 +125,13 @@ def _pipeline(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
     """The quarter's stages, timed one by one, in this (fresh) process."""
     t_imp = time.perf_counter()
     from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar, roll_calendar_from_table
     from fx_assets.core.bar_features import BarFeatureConfig, validate_features
+    from fx_assets.core.bar_rows import quarter_bar_features, quarter_bars, quarter_ofi
     from fx_assets.core.bars import BarConfig, BarTable
-    from fx_assets.core.stages import (
-        BookSource,
-        active_trades,
-        ofi_warmup_start,
-        quarter_bar_features,
-        quarter_bars,
-        quarter_ofi,
-        quarter_roll_calendar,
-        read_table,
-        roll_calendar_from_table,
-        write_table,
-    )
+    from fx_assets.core.book import BookSource
+    from fx_assets.core.ofi_warmup import ofi_warmup_start
+    from fx_assets.core.tables import read_table, write_table
 
     import_s = time.perf_counter() - t_imp
     lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
@@ -232,16 +227,12 @@ def _diagnose(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> dic
     import numpy as np
 
     from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
+    from fx_assets.core.bar_rows import quarter_bars, quarter_ofi
     from fx_assets.core.bars import BarConfig
+    from fx_assets.core.book import BookSource
     from fx_assets.core.calendar import session_day
     from fx_assets.core.sidecar import sidecar_columns
-    from fx_assets.core.stages import (
-        BookSource,
-        active_trades,
-        quarter_bars,
-        quarter_ofi,
-        quarter_roll_calendar,
-    )
 
     lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
     tr = lay.sidecar("trades", quarter)
@@ -310,15 +301,11 @@ def _ofi_heavy(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> di
     import numpy as np
 
     from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
+    from fx_assets.core.bar_rows import quarter_bars, quarter_ofi
     from fx_assets.core.bars import BarConfig
+    from fx_assets.core.book import BookSource
     from fx_assets.core.sidecar import sidecar_columns
-    from fx_assets.core.stages import (
-        BookSource,
-        active_trades,
-        quarter_bars,
-        quarter_ofi,
-        quarter_roll_calendar,
-    )
 
     lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
     with MemorySampler() as mem:
@@ -357,8 +344,8 @@ def _bars_core(root: str, sidecar_root: str, stage_dir: str, quarter: str) -> di
     import numpy as np
 
     from fx_assets.core import bars as bars_mod
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
     from fx_assets.core.bars import BarConfig, build_bars
-    from fx_assets.core.stages import active_trades, quarter_roll_calendar
 
     lay = Layout(Path(root), Path(sidecar_root), Path(stage_dir))
     tr = lay.sidecar("trades", quarter)
@@ -431,28 +418,24 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     from fx_assets.assets.features import _active, _book, _load_bars, warmup_bars
     from fx_assets.core import ofi as ofi_core
     from fx_assets.core import roll as roll_core
-
-    # the OFI asset's trade loader (a baseline checkout may predate active_trade_flow)
-    from fx_assets.core import stages as stages_mod
+    from fx_assets.core.active_contract import active_trade_flow
     from fx_assets.core.bar_features import FeatureTable, validate_features
-    from fx_assets.core.bars import bars_per_session
-    from fx_assets.core.calendar import parse_quarter, previous_quarter
-    from fx_assets.core.fxcache import read_header, verify_fxcache, write_fxcache
-    from fx_assets.core.stages import (
-        active_trades,
+    from fx_assets.core.bar_rows import (
         assemble_fxcache_columns,
-        ofi_warmup_start,
         quarter_bar_features,
         quarter_bars,
         quarter_ofi,
-        read_table,
-        write_table,
     )
+    from fx_assets.core.bars import bars_per_session
+    from fx_assets.core.calendar import parse_quarter, previous_quarter
+    from fx_assets.core.fxcache import read_header, verify_fxcache, write_fxcache
+    from fx_assets.core.ofi_warmup import ofi_warmup_start
+    from fx_assets.core.tables import read_table, write_table
     from fx_assets.partitions import QuarterSymbol
     from fx_assets.resources.pipeline import PipelineConfig
     from fx_assets.resources.storage import FxStorage
 
-    flow_fn = getattr(stages_mod, "active_trade_flow", active_trades)
+    flow_fn = active_trade_flow  # the OFI asset's trade loader
     import_s = time.perf_counter() - t_imp
     storage = FxStorage(root=root)
     part = QuarterSymbol(parse_quarter(quarter), SYMBOL)
@@ -508,10 +491,7 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
                 "prev_book": prev_book,
             }
         book = _book(io, q)
-        if flow_fn is active_trades:  # a checkout before active_trade_flow: as its asset did
-            trades = _active(io, q)
-        else:
-            trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
+        trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
         feats = quarter_ofi(cur, trades, book, io.cfg.ofi, partition=part.label, **kw)
         ofi_core.validate_ofi(feats, part.label)
         write_table(io.path("ofi_features"), feats.to_arrow())

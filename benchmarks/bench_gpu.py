@@ -6,7 +6,7 @@ and a pass/fail each:
 
 1. loading ``--quarters`` fxcache files of the ``--scale 1`` shape (``--rows`` bars; a value
    block of 35 features + 36 OFI f32 values padded to 72, and the f64 price block of the 7
-   price columns of ``core.stages.PRICE_COLUMNS`` padded to 8) from the page cache onto the
+   price columns of ``core.bar_rows.PRICE_COLUMNS`` padded to 8) from the page cache onto the
    device the way the ``fxcache_loader`` does (``DeviceStore`` built with the loader's
    arguments, ``add_fxcaches`` of (cache key, path) pairs: every file's checksums verified,
    session ids and contract-change counts computed at upload), reporting end-to-end GB/s and
@@ -48,11 +48,11 @@ import torch
 
 from benchmarks.bench_fxcache_verify import measure as measure_verify
 from fx_assets.core import calendar
+from fx_assets.core.bar_rows import PRICE_COLUMNS
 from fx_assets.core.device_store import DeviceStore
 from fx_assets.core.folds import FoldConfig, fold_range
 from fx_assets.core.fxcache import open_fxcache, read_header, write_fxcache
 from fx_assets.core.ofi import OfiConfig
-from fx_assets.core.stages import PRICE_COLUMNS
 from fx_assets.core.trainers import TrainConfig, fold_transition, train_dqn, train_mlp
 
 N_FEATURE, N_OFI = 35, 36

@@ -192,8 +192,8 @@ def market_root(mode: str) -> tuple[Path, str]:
 def write_inputs(sidecar: Path, work: Path, subset: int) -> dict[str, Any]:
     """Active-contract trades of the quarter as .npy files (full set and the mlfinpy subset),
     plus one .npy per sidecar column for the warm-load comparison."""
+    from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
     from fx_assets.core.sidecar import sidecar_columns
-    from fx_assets.core.stages import active_trades, quarter_roll_calendar
 
     cal = quarter_roll_calendar(sidecar, None)
     tr = active_trades(sidecar, cal)

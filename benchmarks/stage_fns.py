@@ -69,25 +69,23 @@ def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[st
     from benchmarks.common import MemorySampler
     from fx_assets.core import lineage
     from fx_assets.core import ofi as ofi_core
+    from fx_assets.core.active_contract import active_trades, roll_calendar_from_table
     from fx_assets.core.bar_features import validate_features
-    from fx_assets.core.bars import BarTable
-    from fx_assets.core.calendar import parse_quarter, previous_quarter, quarter_label
-    from fx_assets.core.fxcache import write_fxcache
-    from fx_assets.core.paths import DataLayout
-    from fx_assets.core.roll import roll_calendar_from_sidecars
-    from fx_assets.core.sidecar import ensure_sidecar
-    from fx_assets.core.stages import (
-        BookSource,
-        active_trades,
+    from fx_assets.core.bar_rows import (
         assemble_fxcache_columns,
-        ofi_warmup_start,
         quarter_bar_features,
         quarter_bars,
         quarter_ofi,
-        read_table,
-        roll_calendar_from_table,
-        write_table,
     )
+    from fx_assets.core.bars import BarTable
+    from fx_assets.core.book import BookSource
+    from fx_assets.core.calendar import parse_quarter, previous_quarter, quarter_label
+    from fx_assets.core.fxcache import write_fxcache
+    from fx_assets.core.ofi_warmup import ofi_warmup_start
+    from fx_assets.core.paths import DataLayout
+    from fx_assets.core.roll import roll_calendar_from_sidecars
+    from fx_assets.core.sidecar import ensure_sidecar
+    from fx_assets.core.tables import read_table, write_table
     from fx_assets.resources.pipeline import PipelineConfig
 
     layout = DataLayout(root)
@@ -181,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("quarters", help="comma-separated, oldest first")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    import fx_assets.core.stages  # noqa: F401  (imports are not the stages' time)
+    import fx_assets.core.bar_rows  # noqa: F401  (imports are not the stages' time)
 
     import_s = time.perf_counter() - t0
     quarters = run_quarters(args.root, args.out_dir, args.quarters.split(","))

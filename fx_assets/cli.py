@@ -212,7 +212,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """fxcache -> Parquet or Arrow IPC, for people who want to look with other tools."""
     from fx_assets.core.fxcache import open_fxcache
-    from fx_assets.core.stages import write_table
+    from fx_assets.core.tables import write_table
 
     src, out = Path(args.path), Path(args.out)
     cache = open_fxcache(src)

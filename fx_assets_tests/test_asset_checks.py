@@ -26,8 +26,7 @@ from fx_assets.assets import features as features_mod
 from fx_assets.assets.common import StageIO
 from fx_assets.automation import BLOCKING_CHECKS_PASSED
 from fx_assets.core import sidecar as sidecar_core
-from fx_assets.core import stages as st
-from fx_assets.core import verify
+from fx_assets.core import tables, verify
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.sidecar import sidecar_columns, sidecar_path
@@ -122,9 +121,9 @@ def kept(path: Path) -> Iterator[None]:
 
 def rewrite_table(path: Path, edit: Callable[[pa.Table], pa.Table]) -> None:
     """``path`` rewritten by the stage writer as ``edit(table)``: a well-formed file, wrong content."""
-    table = st.read_table(path)
+    table = tables.read_table(path)
     edited = edit(pa.table({n: table.column(n).to_numpy() for n in table.column_names}))
-    st.write_table(path, edited.replace_schema_metadata(table.schema.metadata))
+    tables.write_table(path, edited.replace_schema_metadata(table.schema.metadata))
 
 
 def set_value(column: str, row: int, value: float) -> Callable[[Path], None]:
@@ -341,7 +340,7 @@ def test_table_checks_verify_the_body_checksum(built: tuple[Path, dg.Definitions
     }
     check[stage]()  # good
     column = {"bars": "close", "bar_features": "rsi_14", "ofi_features": "ofi_l1"}[stage]
-    values = st.read_table(path).column(column).to_numpy()
+    values = tables.read_table(path).column(column).to_numpy()
     with kept(path):
         raw = bytearray(path.read_bytes())
         at = raw.find(values[500:504].tobytes())

@@ -73,7 +73,7 @@ def all_keys(cfg: StageConfigs, lookup, q: dt.date = Q, bar_count=many_bars) -> 
     return {name: fn(cfg, lookup, q, bar_count) for name, fn in STAGE_KEYS.items()}
 
 
-@pytest.mark.parametrize("stage", ["bars", "bar_features", "ofi", "fxcache"])
+@pytest.mark.parametrize("stage", ["bars", "bar_features", "ofi", "fxcache", "snapshot"])
 def test_every_feature_stage_field_moves_the_fxcache_key(stage: str) -> None:
     lookup = lookup_factory()
     base = stages()
@@ -375,3 +375,19 @@ def test_every_pipeline_resource_field_reaches_the_keys() -> None:
         len(config_fields(type(getattr(base.stage_configs(), f.name))))
         for f in dataclasses.fields(StageConfigs)
     )
+
+
+def test_the_row_unit_reaches_every_downstream_key() -> None:
+    """``fxcache.row_unit`` is in the fxcache key, and through it in the fold and model keys."""
+    lookup = lookup_factory()
+    base = stages()
+    snap = dataclasses.replace(base, fxcache=FxCacheConfig(row_unit="snapshot"))
+    k_bar, k_snap = (lineage.fxcache_key(c, lookup, Q, many_bars) for c in (base, snap))
+    assert k_bar != k_snap
+    assert lineage.fold_ranges_key([k_bar], FOLDS, 31) != lineage.fold_ranges_key([k_snap], FOLDS, 31)
+    assert model_key(keys=[k_bar]) != model_key(keys=[k_snap])
+    # the snapshot stack's parameters are keyed whatever the row unit
+    from fx_assets.core.snapshot_features import SnapshotFeatureConfig
+
+    other = dataclasses.replace(snap, snapshot=SnapshotFeatureConfig(rate_window=7))
+    assert lineage.fxcache_key(other, lookup, Q, many_bars) != k_snap

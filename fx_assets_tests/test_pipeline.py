@@ -369,3 +369,44 @@ def test_book_file_in_the_trades_folder_fails_naming_file_and_schemas(
         assert "ES.FUT_2024-Q1.dbn.zst" in text and f"'{found}'" in text and "expected 'trades'" in text
     assert not list((market / "derived/predecoded/trades").rglob("*.arrow"))
     assert not (market / "derived/roll_calendar").exists()
+
+
+def test_snapshot_row_unit_writes_one_row_per_book_update(market: Path) -> None:
+    """``pipeline.fxcache.row_unit: snapshot``: the fxcache asset writes snapshot rows under its
+    own key, beside the bar-row file, and ``fx-assets inspect`` shows the row unit, width and
+    names."""
+    from fx_assets.cli import describe_path
+    from fx_assets.core.fxcache import open_fxcache
+    from fx_assets.core.snapshot_features import SnapshotFeatureConfig, feature_names
+    from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
+
+    defs = defs_for(market, last=Q1)
+    res = dict(defs.resources or {})
+    with dg.instance_for_test() as inst:
+        a = materialize(defs, inst, FEATURES, Q1)
+        snap = {
+            **res,
+            "pipeline": PipelineConfig(fxcache=FxCacheWriteConfig(row_unit="snapshot", dtype="bf16")),
+        }
+        b = dg.materialize(
+            list(defs.assets or []),
+            selection=["fxcache"],
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=snap,
+            run_config=QUIET,
+        )
+        assert b.success
+    ma, mb = meta(a, "fxcache"), meta(b, "fxcache")
+    assert ma["row_unit"] == "bar" and mb["row_unit"] == "snapshot"
+    pa_, pb = Path(ma["path"]), Path(mb["path"])
+    assert pa_ != pb and pa_.is_file() and pb.is_file()
+    with open_fxcache(pa_) as fa, open_fxcache(pb) as fb:
+        assert fa.meta["row_unit"] == "bar" and fb.meta["row_unit"] == "snapshot"
+        assert fb.n_bars == mb["rows"] > fa.n_bars  # more book updates than bars
+        assert fb.group_names("price") == ["mid", "session", "contract"] and fb.dtype == "bf16"
+    desc = describe_path(pb)
+    assert desc["row_unit"] == "snapshot" and desc["valid"]
+    names = feature_names(SnapshotFeatureConfig())
+    assert desc["feature_names"][: len(names)] == names
+    assert desc["feature_width"] == len(desc["feature_names"]) > len(names)  # + the bar context

@@ -23,8 +23,11 @@ import numpy as np
 import pytest
 import zstandard
 
+from fx_assets.core import active_contract as act
+from fx_assets.core import bar_rows, mid_asof, page_release, tables
+from fx_assets.core import book as book_mod
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core import stages as st
+from fx_assets.core import ofi_warmup as ofi_warm
 from fx_assets.core.bar_features import (
     BarFeatureConfig,
     FeatureTable,
@@ -76,8 +79,8 @@ class QuarterOut:
     label: str
     trades_sidecar: Path
     calendar: RollCalendar
-    trades: st.ActiveTrades
-    book: st.BookSource
+    trades: act.ActiveTrades
+    book: book_mod.BookSource
     bars: BarTable
     features: FeatureTable
     ofi: ofi_core.OfiFeatures
@@ -92,39 +95,41 @@ def run_chain(
     book_raw: Sequence[Path],
     work: Path,
     cfg: Cfg = DEFAULT,
-    book_chunk: int = st.DEFAULT_BOOK_CHUNK,
+    book_chunk: int = book_mod.DEFAULT_BOOK_CHUNK,
 ) -> list[QuarterOut]:
     """The feature stages of consecutive quarters, chained as the Dagster assets chain them."""
     tr_sc = [ensure_sidecar(p, work / "sidecars" / "trades").path for p in trades_raw]
     bk_sc = [ensure_sidecar(p, work / "sidecars" / "mbp-10").path for p in book_raw]
     outs: list[QuarterOut] = []
     for i, label in enumerate(LABELS[: len(tr_sc)]):
-        cal_file = st.write_table(
+        cal_file = tables.write_table(
             work / f"roll_calendar_{label}.arrow",
-            st.quarter_roll_calendar(tr_sc[i], tr_sc[i - 1] if i else None).to_arrow(),
+            act.quarter_roll_calendar(tr_sc[i], tr_sc[i - 1] if i else None).to_arrow(),
         )
-        cal = st.roll_calendar_from_table(st.read_table(cal_file))
-        trades = st.active_trades(tr_sc[i], cal)
-        bars_file = st.write_table(work / f"bars_{label}.arrow", st.quarter_bars(trades, cfg.bars).to_arrow())
-        bars = BarTable.from_arrow(st.read_table(bars_file), str(bars_file))
+        cal = act.roll_calendar_from_table(tables.read_table(cal_file))
+        trades = act.active_trades(tr_sc[i], cal)
+        bars_file = tables.write_table(
+            work / f"bars_{label}.arrow", bar_rows.quarter_bars(trades, cfg.bars).to_arrow()
+        )
+        bars = BarTable.from_arrow(tables.read_table(bars_file), str(bars_file))
         # Earlier quarters' bars, oldest first, walking back until max_window bars (as the asset).
         previous: list[BarTable] = []
         for o in reversed(outs):
             if sum(len(b) for b in previous) >= max_window(cfg.feats):
                 break
             previous.insert(0, o.bars)
-        feats = st.quarter_bar_features(bars, previous, cfg.feats)
+        feats = bar_rows.quarter_bar_features(bars, previous, cfg.feats)
         validate_features(feats, label)
-        f_file = st.write_table(work / f"bar_features_{label}.arrow", feats.to_arrow())
-        feats = FeatureTable.from_arrow(st.read_table(f_file))
-        book = st.BookSource(bk_sc[i], cal)
+        f_file = tables.write_table(work / f"bar_features_{label}.arrow", feats.to_arrow())
+        feats = FeatureTable.from_arrow(tables.read_table(f_file))
+        book = book_mod.BookSource(bk_sc[i], cal)
         kw: dict[str, Any] = {}
         if outs:
             kw = {"prev_bars": outs[-1].bars, "prev_trades": outs[-1].trades, "prev_book": outs[-1].book}
-        ofi = st.quarter_ofi(bars, trades, book, cfg.ofi, partition=label, book_chunk=book_chunk, **kw)
+        ofi = bar_rows.quarter_ofi(bars, trades, book, cfg.ofi, partition=label, book_chunk=book_chunk, **kw)
         ofi_core.validate_ofi(ofi, label)
-        o_file = st.write_table(work / f"ofi_features_{label}.arrow", ofi.to_arrow())
-        ofi = ofi_core.OfiFeatures.from_arrow(st.read_table(o_file))
+        o_file = tables.write_table(work / f"ofi_features_{label}.arrow", ofi.to_arrow())
+        ofi = ofi_core.OfiFeatures.from_arrow(tables.read_table(o_file))
         outs.append(QuarterOut(label, tr_sc[i], cal, trades, book, bars, feats, ofi))
     return outs
 
@@ -434,7 +439,7 @@ def test_partitions_equal_sequential_with_no_book_at_the_warmup_start(market: Ma
     p, o = outs
     kw: dict[str, Any] = {"prev_bars": p.bars, "prev_trades": p.trades, "prev_book": p.book}
     for chunk in (300, 10**15):
-        part = st.quarter_ofi(o.bars, o.trades, o.book, SMALL_OFI, book_chunk=chunk, **kw)
+        part = bar_rows.quarter_ofi(o.bars, o.trades, o.book, SMALL_OFI, book_chunk=chunk, **kw)
         for name, col in o.ofi.columns.items():
             assert max_diff(part.columns[name], col, f"chunk {chunk} OFI {name}") <= TOL, name
 
@@ -516,7 +521,7 @@ def test_chunked_ofi_equals_unchunked(
     if qi:
         p = market.outs[qi - 1]
         kw = {"prev_bars": p.bars, "prev_trades": p.trades, "prev_book": p.book}
-    whole = st.quarter_ofi(o.bars, o.trades, o.book, ofi_cfg, book_chunk=10**15, **kw)
+    whole = bar_rows.quarter_ofi(o.bars, o.trades, o.book, ofi_cfg, book_chunk=10**15, **kw)
     calls: list[int] = []
     real = ofi_core.compute_ofi_features
 
@@ -528,7 +533,7 @@ def test_chunked_ofi_equals_unchunked(
     n_book = sidecar_columns(o.book.path, ["ts_recv"])["ts_recv"].size
     for chunk in (500, 3000):
         calls.clear()
-        part = st.quarter_ofi(o.bars, o.trades, o.book, ofi_cfg, book_chunk=chunk, **kw)
+        part = bar_rows.quarter_ofi(o.bars, o.trades, o.book, ofi_cfg, book_chunk=chunk, **kw)
         assert len(calls) >= max(2, n_book // chunk // 2), (len(calls), n_book, chunk)
         assert same(part.ts_close, whole.ts_close)
         assert same(part.bars_since_reset, whole.bars_since_reset)
@@ -625,7 +630,7 @@ def test_mirrored_market_flips_signed_ofi_features(market: Market, tmp_path: Pat
 # --- 6. fxcache assembly --------------------------------------------------------------------------
 
 
-def scan_mid(book: st.BookSource, ts: int, instrument: int) -> float:
+def scan_mid(book: book_mod.BookSource, ts: int, instrument: int) -> float:
     """Direct backward search: the last valid snapshot of ``instrument`` with ts_recv <= ts, in
     a session where that instrument is the active contract."""
     c = sidecar_columns(book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
@@ -644,10 +649,10 @@ def scan_mid(book: st.BookSource, ts: int, instrument: int) -> float:
 def test_fxcache_columns(market: Market, qi: int) -> None:
     o = market.outs[qi]
     b = o.bars
-    ts, groups, dropped = st.assemble_fxcache_columns(b, o.features, o.ofi, o.book)
+    ts, groups, dropped = bar_rows.assemble_fxcache_columns(b, o.features, o.ofi, o.book)
     assert list(groups) == ["feature", "price", "ofi"]
     assert groups["feature"][0] == list(o.features.columns)
-    assert groups["price"][0] == list(st.PRICE_COLUMNS)
+    assert groups["price"][0] == list(bar_rows.PRICE_COLUMNS)
     assert groups["price"][0] == ["open", "high", "low", "close", "vwap", "mid_open", "contract"]
     assert groups["ofi"][0] == list(o.ofi.columns)
     for g, (names, values) in groups.items():
@@ -720,12 +725,12 @@ def test_fxcache_columns(market: Market, qi: int) -> None:
         o.ofi.config,
         o.ofi.tick_size,
     )
-    ts2, groups2, dropped2 = st.assemble_fxcache_columns(b, filled_f, filled_o, o.book)
+    ts2, groups2, dropped2 = bar_rows.assemble_fxcache_columns(b, filled_f, filled_o, o.book)
     assert np.array_equal(ts2, b.ts_close[ok_p]) and dropped2["total"] == int((~ok_p).sum())
     mid2 = np.full(len(b), np.nan)
-    mid2[ok_p] = groups2["price"][1][:, list(st.PRICE_COLUMNS).index("mid_open")]
+    mid2[ok_p] = groups2["price"][1][:, list(bar_rows.PRICE_COLUMNS).index("mid_open")]
     probe = np.r_[rolls, rolls + 1, 0]
-    direct = st.book_mid_asof(o.book, b.ts_open[probe], instrument_id=b.instrument_id[probe])
+    direct = mid_asof.book_mid_asof(o.book, b.ts_open[probe], instrument_id=b.instrument_id[probe])
     for j, got, got_direct in zip(probe, mid2[probe], direct, strict=True):
         want = scan_mid(o.book, int(b.ts_open[j]), int(b.instrument_id[j]))
         assert same(np.array([got, got_direct]), np.array([want, want])), f"bar {j}: mid_open {got} != {want}"
@@ -742,7 +747,7 @@ def test_active_trades_equal_the_numpy_definition(market: Market, qi: int) -> No
     active, known = o.calendar.active_instrument(sess)
     keep = known & (c["instrument_id"] == active) & (c["price"] != UNDEF_PRICE) & (c["price"] > 0)
     keep &= c["size"] > 0
-    t = st.active_trades(o.trades_sidecar, o.calendar)
+    t = act.active_trades(o.trades_sidecar, o.calendar)
     want = {
         "ts": c["ts_recv"][keep],
         "price": px_to_float(c["price"][keep]),
@@ -775,7 +780,7 @@ def test_roll_calendar_from_sidecars_equals_compute_roll_calendar(market: Market
         np.concatenate([p["size"][take], c["size"]]),
         list(read_symbol_map(cur.trades_sidecar)) + list(read_symbol_map(prev.trades_sidecar)),
     )
-    got = st.quarter_roll_calendar(cur.trades_sidecar, prev.trades_sidecar)
+    got = act.quarter_roll_calendar(cur.trades_sidecar, prev.trades_sidecar)
     assert calendar_rows(got) == [r for r in calendar_rows(ref) if r[0] >= first]
     assert got.events == tuple(e for e in ref.events if e.session_day >= first)
 
@@ -791,13 +796,13 @@ def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> 
         cuts = [0, n // 3, n // 3, 2 * n // 3 + 7, n]  # an empty range too
         parts += [(o.book, c, lo, hi) for lo, hi in itertools.pairwise(cuts)]
         refs.append(reference_book(o.book.path, o.calendar))
-    got = st._book_rows(parts, levels, TICK_UNITS)
+    got = book_mod._book_rows(parts, levels, TICK_UNITS)
     assert same(got.ts, _cat([r.ts for r in refs]))
     for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
         m = getattr(got, name)
         assert m.shape == (got.ts.size, levels) and m.flags.c_contiguous and m.dtype == np.float64
         assert same(m, _cat([getattr(r, name)[:, :levels] for r in refs])), name
-    empty = st._book_rows([], levels)
+    empty = book_mod._book_rows([], levels)
     assert empty.ts.shape == (0,) and empty.bid_px.shape == (0, levels)
 
 
@@ -831,13 +836,16 @@ def test_off_grid_error_names_the_first_bad_price_column_by_column(market: Marke
         "is off the 0.25 tick grid (OfiConfig.tick_size)"
     )
     with pytest.raises(FxDataError) as err:
-        st._book_rows([(st.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS, TICK_UNITS)
+        book_mod._book_rows([(book_mod.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS, TICK_UNITS)
     assert str(err.value) == want
     # Without that record in range, the ask column's record is the first.
     with pytest.raises(FxDataError, match=rf"ask_px_03 = .* at record {r_ask} "):
-        st._book_rows([(st.BookSource(path, o.calendar), cols, 0, r_bid)], N_LEVELS, TICK_UNITS)
+        book_mod._book_rows([(book_mod.BookSource(path, o.calendar), cols, 0, r_bid)], N_LEVELS, TICK_UNITS)
     # tick_units 0: no check
-    assert st._book_rows([(st.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS).ts.size == kept.size
+    assert (
+        book_mod._book_rows([(book_mod.BookSource(path, o.calendar), cols, 0, n)], N_LEVELS).ts.size
+        == kept.size
+    )
 
 
 @pytest.mark.parametrize("ofi_cfg", [DEFAULT.ofi, SMALL_OFI], ids=["default-ofi", "small-ofi"])
@@ -850,24 +858,24 @@ def test_previous_quarter_tail_is_enough_for_the_ofi_warmup(
     whole-book scan gives; trades loaded from too late are refused."""
     o, p = market.outs[qi], market.outs[qi - 1]
     cols = sidecar_columns(p.book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
-    has = st._has_valid_snapshot([(p.book, cols)], p.bars.ts_close)
+    has = ofi_warm._has_valid_snapshot([(p.book, cols)], p.bars.ts_close)
     j0 = len(p.bars) - ofi_core.ofi_warmup_bars(p.bars.volume, ofi_cfg)
-    k = st._replay_start(j0, has, p.bars.instrument_id)
-    start = st.ofi_warmup_start(p.bars, p.book, ofi_cfg)
+    k = ofi_warm._replay_start(j0, has, p.bars.instrument_id)
+    start = ofi_warm.ofi_warmup_start(p.bars, p.book, ofi_cfg)
     assert k > 0 and start == int(p.bars.ts_close[k - 1])
     for w in (1, 2):  # the scanned window grows until the walk back stops inside it
-        monkeypatch.setattr(st, "_WARMUP_SCAN_BARS", w)
-        assert st.ofi_warmup_start(p.bars, p.book, ofi_cfg) == start
+        monkeypatch.setattr(ofi_warm, "_WARMUP_SCAN_BARS", w)
+        assert ofi_warm.ofi_warmup_start(p.bars, p.book, ofi_cfg) == start
     monkeypatch.undo()
-    tail = st.active_trades(p.trades_sidecar, p.calendar, after_ts=start)
+    tail = act.active_trades(p.trades_sidecar, p.calendar, after_ts=start)
     assert 0 < len(tail) < len(p.trades) and tail.after_ts == start
     cut = int(np.searchsorted(p.trades.ts, start, side="right"))
     assert same(tail.ts, p.trades.ts[cut:]) and same(tail.price, p.trades.price[cut:])
-    whole = st.quarter_ofi(
+    whole = bar_rows.quarter_ofi(
         o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=p.trades, prev_book=p.book
     )
-    for chunk in (st.DEFAULT_BOOK_CHUNK, 3000):
-        part = st.quarter_ofi(
+    for chunk in (book_mod.DEFAULT_BOOK_CHUNK, 3000):
+        part = bar_rows.quarter_ofi(
             o.bars,
             o.trades,
             o.book,
@@ -880,9 +888,9 @@ def test_previous_quarter_tail_is_enough_for_the_ofi_warmup(
         assert same(part.ts_close, whole.ts_close) and same(part.bars_since_reset, whole.bars_since_reset)
         for name, col in whole.columns.items():
             assert max_diff(part.columns[name], col, f"{o.label} OFI {name}") <= TOL
-    late = st.active_trades(p.trades_sidecar, p.calendar, after_ts=start + 1)
+    late = act.active_trades(p.trades_sidecar, p.calendar, after_ts=start + 1)
     with pytest.raises(FxDataError, match="warm-up needs them after"):
-        st.quarter_ofi(
+        bar_rows.quarter_ofi(
             o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=late, prev_book=p.book
         )
 
@@ -907,7 +915,7 @@ def test_threaded_passes_equal_the_single_thread_results(
             "machines unless NUMBA_NUM_THREADS is set explicitly)"
         )
     monkeypatch.setattr(roll_core, "_MIN_TRADES_PER_THREAD", 1)
-    monkeypatch.setattr(st, "_MIN_TRADES_PER_THREAD", 1)
+    monkeypatch.setattr(act, "_MIN_TRADES_PER_THREAD", 1)
     monkeypatch.setattr(bf_core, "_MIN_BARS_PER_THREAD", 1)
     before = numba.get_num_threads()
     numba.set_num_threads(2)  # the split the kernels see, whatever an earlier test left
@@ -925,10 +933,10 @@ def test_threaded_passes_equal_the_single_thread_results(
 
 def test_page_releaser_only_touches_file_mappings_and_keeps_data(market: Market) -> None:
     anon = np.arange(1_000_000, dtype=np.int64)
-    assert st.PageReleaser([anon]).columns == []  # never MADV_DONTNEED on anonymous memory
+    assert page_release.PageReleaser([anon]).columns == []  # never MADV_DONTNEED on anonymous memory
     cols = sidecar_columns(market.outs[0].book.path, ["ts_recv", "bid_px_00"])
     before = {k: v.copy() for k, v in cols.items()}
-    rel = st.PageReleaser(list(cols.values()))
+    rel = page_release.PageReleaser(list(cols.values()))
     assert len(rel.columns) == 2
     rel.release_before(len(cols["ts_recv"]))
     for k, v in cols.items():  # released pages fault back in from the page cache
@@ -947,8 +955,8 @@ def stored_quarter(outs: list[QuarterOut], qi: int, work: Path, cfg: Cfg = DEFAU
         book_sidecar=o.book.path,
         calendar=o.calendar,
         bars=o.bars,
-        bar_features=st.read_table(work / f"bar_features_{o.label}.arrow"),
-        ofi=st.read_table(work / f"ofi_features_{o.label}.arrow"),
+        bar_features=tables.read_table(work / f"bar_features_{o.label}.arrow"),
+        ofi=tables.read_table(work / f"ofi_features_{o.label}.arrow"),
         bar_config=cfg.bars,
         bar_feature_config=cfg.feats,
         ofi_config=cfg.ofi,
@@ -1003,14 +1011,14 @@ def test_spot_check_finds_a_look_ahead_kernel(
     """A kernel that reads the next bar: its stored outputs pass validation, but recomputed from
     data cut at T the value of the last bar before T differs, and the check names it."""
     if stage == "bar_features":
-        real_bf = st.compute_bar_features
+        real_bf = bar_rows.compute_bar_features
 
         def leaky_bf(*args: Any, **kwargs: Any) -> FeatureTable:
             out = real_bf(*args, **kwargs)
             out.columns["log_volume"] = _shift_next(out.columns["log_volume"])
             return out
 
-        monkeypatch.setattr(st, "compute_bar_features", leaky_bf)
+        monkeypatch.setattr(bar_rows, "compute_bar_features", leaky_bf)
         column = "bar_features column 'log_volume'"
     else:
         real_ofi = ofi_core.compute_ofi_features

@@ -20,7 +20,7 @@ from fx_assets.core import lineage
 from fx_assets.core.bar_features import max_window
 from fx_assets.core.bars import BarTable
 from fx_assets.core.calendar import session_day
-from fx_assets.core.stages import write_table
+from fx_assets.core.tables import write_table
 from fx_assets.definitions import build_definitions
 from fx_assets.partitions import QuarterSymbol, partition_key
 from fx_assets.resources.pipeline import PipelineConfig

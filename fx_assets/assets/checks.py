@@ -30,12 +30,13 @@ import dagster as dg
 from fx_assets.assets.common import StageIO, recorded_verdict, verdict_record, volume_check_inputs
 from fx_assets.assets.features import warmup_bars
 from fx_assets.core import verify
+from fx_assets.core.active_contract import roll_calendar_from_table
 from fx_assets.core.bars import BarTable
 from fx_assets.core.causality import CausalityConfig, StoredQuarter, spot_check_causality
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import verify_fxcache
 from fx_assets.core.sidecar import sidecar_path, verify_sidecar
-from fx_assets.core.stages import read_table, roll_calendar_from_table
+from fx_assets.core.tables import read_table
 from fx_assets.core.verified import fxcache_identity, table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig

@@ -134,7 +134,7 @@ class StageIO:
         """Bars in the quarter's bars file for the current sources and config (a Failure naming
         the asset to materialize when it is missing): the warm-up plan depends on it."""
         if quarter not in self._bar_counts:
-            from fx_assets.core.stages import read_table
+            from fx_assets.core.tables import read_table
 
             self._bar_counts[quarter] = read_table(self.require("bars", quarter)).num_rows
         return self._bar_counts[quarter]

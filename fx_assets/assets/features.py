@@ -25,25 +25,22 @@ from fx_assets.assets.common import (
 from fx_assets.automation import CHAIN
 from fx_assets.core import lineage, verify
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.bar_features import FeatureTable, validate_features
-from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
-from fx_assets.core.calendar import session_label
-from fx_assets.core.errors import FxDataError
-from fx_assets.core.fxcache import write_fxcache
-from fx_assets.core.stages import (
+from fx_assets.core.active_contract import (
     ActiveTrades,
-    BookSource,
     active_trade_flow,
     active_trades,
-    assemble_fxcache_columns,
-    ofi_warmup_start,
-    quarter_bar_features,
-    quarter_bars,
-    quarter_ofi,
-    read_table,
     roll_calendar_from_table,
-    write_table,
 )
+from fx_assets.core.bar_features import FeatureTable, validate_features
+from fx_assets.core.bar_rows import assemble_fxcache_columns, quarter_bar_features, quarter_bars, quarter_ofi
+from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
+from fx_assets.core.book import BookSource
+from fx_assets.core.calendar import session_label
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import read_header, write_fxcache
+from fx_assets.core.ofi_warmup import ofi_warmup_start
+from fx_assets.core.snapshot_rows import write_snapshot_fxcache
+from fx_assets.core.tables import read_table, write_table
 from fx_assets.partitions import QuarterSymbol, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -252,8 +249,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         code_version=lineage.code_version("fxcache"),
         kinds={"fxcache"},
         description=(
-            "One flat file per quarter and symbol (docs/fxcache.md): bar timestamps, then features, "
-            "prices and OFI as one row-major block the GPU loads in a single copy. Nothing forward-looking."
+            "One flat file per quarter and symbol (docs/fxcache.md): row timestamps, an f64 price block, "
+            "then features (and OFI) as one row-major block the GPU loads in a single copy. A row is a bar "
+            "or, with pipeline fxcache.row_unit: snapshot, one MBP-10 update. Nothing forward-looking."
         ),
     )
     def fxcache(
@@ -265,12 +263,43 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         t0 = time.perf_counter()
         cur = _load_bars(io, part.quarter)
         feats = FeatureTable.from_arrow(read_table(io.require("bar_features")))
-        ofi = ofi_core.OfiFeatures.from_arrow(read_table(io.require("ofi_features")))
         key = io.key("fxcache")
+        path = io.path("fxcache")
+        meta = {"partition": part.label, "cache_key": key, "row_unit": io.cfg.fxcache.row_unit}
+        if io.cfg.fxcache.row_unit == "snapshot":
+            # One row per MBP-10 update (core.snapshot_rows), bar context from this quarter's bars.
+            counts = _guard(
+                part,
+                lambda: write_snapshot_fxcache(
+                    path,
+                    _book(io, part.quarter),
+                    cur,
+                    feats,
+                    io.cfg.snapshot,
+                    io.cfg.fxcache.dtype,
+                    bytes.fromhex(key),
+                    meta,
+                    partition=part.label,
+                ),
+            )
+            assert isinstance(counts, dict)
+            head = read_header(path)
+            return keyed_result(
+                key,
+                path,
+                part,
+                row_unit="snapshot",
+                rows=counts["rows"],
+                row_counts=dg.MetadataValue.json(counts),
+                bytes=path.stat().st_size,
+                dtype=io.cfg.fxcache.dtype,
+                columns={"feature": head.n_feature, "price": head.n_price},
+                seconds=round(time.perf_counter() - t0, 3),
+            )
+        ofi = ofi_core.OfiFeatures.from_arrow(read_table(io.require("ofi_features")))
         assembled = _guard(part, lambda: assemble_fxcache_columns(cur, feats, ofi, _book(io, part.quarter)))
         assert isinstance(assembled, tuple)
         ts, groups, dropped = assembled
-        path = io.path("fxcache")
         _guard(
             part,
             lambda: write_fxcache(
@@ -279,13 +308,14 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
                 groups,
                 io.cfg.fxcache.dtype,
                 bytes.fromhex(key),
-                {"partition": part.label, "dropped_rows": dropped, "cache_key": key},
+                {**meta, "dropped_rows": dropped},
             ),
         )
         return keyed_result(
             key,
             path,
             part,
+            row_unit="bar",
             bars=len(ts),
             dropped_rows=dg.MetadataValue.json(dropped),
             bytes=path.stat().st_size,

@@ -21,7 +21,7 @@ from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
 from fx_assets.core.calendar import previous_quarter, quarter_label, session_label
-from fx_assets.core.stages import write_table
+from fx_assets.core.tables import write_table
 from fx_assets.partitions import context_partition, previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage

@@ -14,7 +14,7 @@ does not convert to local time per record: a session is one UTC interval [open, 
 ends are at 16:00/17:00 local, never inside a DST change), and each timestamp is looked up
 in the sorted, cached array of those boundaries (``session_table``) by a numba kernel that
 walks forward from the previous record's interval (records are nearly sorted) and falls back
-to a binary search. Numba kernels that select records by session (``fx_assets.core.stages``)
+to a binary search. Numba kernels that select records by session (``fx_assets.core.active_contract``)
 use the same table and ``interval_of``.
 """
 

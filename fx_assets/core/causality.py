@@ -11,7 +11,7 @@ bounded version that the ``causal_spot_check`` asset check runs after every mate
    ``ts_recv <= T`` are cut out into small sidecar files holding only the span the recomputation
    reads (:func:`truncate_sidecar`): from the earlier of the start of bar t's session and the
    start of the OFI warm-up replay. Nothing after T is there.
-3. **Recomputation with the stage code** (:mod:`fx_assets.core.stages`): ``active_trades`` and
+3. **Recomputation with the stage code** (:mod:`fx_assets.core.bar_rows`): ``active_trades`` and
    ``quarter_bars`` on the truncated trades give the bars of t's session up to t (bar state
    resets at every session start, so a session's bars are a function of its own trades);
    ``quarter_bar_features`` gives their features, warmed up from the stored bars before the
@@ -42,22 +42,17 @@ import pyarrow as pa
 from pydantic import Field
 
 from fx_assets.core import ofi as ofi_core
+from fx_assets.core.active_contract import ActiveTrades, active_trades
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, max_window
+from fx_assets.core.bar_rows import quarter_bar_features, quarter_bars, quarter_ofi
 from fx_assets.core.bars import BarConfig, BarTable
+from fx_assets.core.book import BookSource
 from fx_assets.core.calendar import session_label
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.ofi_warmup import ofi_warmup_start
 from fx_assets.core.roll import RollCalendar
 from fx_assets.core.sidecar import open_sidecar, sidecar_columns
-from fx_assets.core.stages import (
-    ActiveTrades,
-    BookSource,
-    active_trades,
-    ofi_warmup_start,
-    quarter_bar_features,
-    quarter_bars,
-    quarter_ofi,
-)
 
 #: Draws of a bar before the check gives up on a quarter (each draw costs a book scan of a
 #: few hundred bars).

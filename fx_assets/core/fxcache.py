@@ -36,6 +36,7 @@ OFI for a file of zeros).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -409,35 +410,310 @@ def _all_finite(stored: npt.NDArray[Any], dtype: str) -> bool:
     return bool(np.isfinite(stored).all())
 
 
-def _any_nonzero(g: npt.NDArray[Any] | ColumnBlock) -> bool:
-    if isinstance(g, ColumnBlock):
-        n = g.shape[0]
-        for c in range(len(g.columns)):
-            for lo in range(0, n, DEFAULT_CHUNK_ROWS):
-                if np.any(g.column_rows(c, lo, min(n, lo + DEFAULT_CHUNK_ROWS)) != 0):
-                    return True
-        return False
-    return bool(np.any(g != 0))
+def _check_groups(path: Path, names: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The groups' column names (empty groups left out); FxDataError on an unknown group, an
+    empty or repeated name, or no columns at all."""
+    unknown = set(names) - set(GROUPS)
+    if unknown:
+        raise FxDataError(f"{path}: unknown column groups {sorted(unknown)} (expected {list(GROUPS)})")
+    out: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for group in GROUPS:
+        cols = [str(x) for x in names.get(group, ())]
+        for name in cols:
+            if not name or name in seen:
+                raise FxDataError(f"{path}: column name {name!r} is empty or repeated")
+            seen.add(name)
+        if cols:
+            out[group] = cols
+    if not out:
+        raise FxDataError(f"{path}: no columns to write")
+    return out
 
 
-class _HashingWriter:
-    """Writes regions to a file and keeps the XXH3-128 of each region's bytes."""
+def _as_block(
+    path: Path, group: str, names: Sequence[str], values: Any, n: int
+) -> npt.NDArray[Any] | ColumnBlock:
+    """``values`` as an [n, len(names)] array (or the ColumnBlock itself), shape and type checked."""
+    arr: npt.NDArray[Any] | ColumnBlock = values if isinstance(values, ColumnBlock) else np.asarray(values)
+    if arr.ndim == 1 and len(names) == 1 and isinstance(arr, np.ndarray):
+        arr = arr.reshape(-1, 1)
+    if arr.ndim != 2 or arr.shape != (n, len(names)):
+        raise FxDataError(
+            f"{path}: group {group!r} has shape {arr.shape}, expected ({n}, {len(names)}) for {list(names)}"
+        )
+    if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
+        raise FxDataError(f"{path}: group {group!r} has non-numeric dtype {arr.dtype}")
+    return arr
 
-    def __init__(self, fh: Any) -> None:
-        self.fh = fh
-        self.digests: dict[str, bytes] = {}
-        self._h: Any = None
 
-    def begin(self) -> None:
-        self._h = checksum.new_hasher()
+class FxCacheWriter:
+    """Writes an fxcache file incrementally: row chunks appended in order, then finalised.
 
-    def write(self, data: bytes | memoryview) -> None:
-        self.fh.write(data)
-        self._h.update(data)
+    The row count is declared up front (``n_rows``), so every block's place in the file is known
+    from the start: each appended chunk is converted to its stored form, checked (finite, ts
+    order), hashed into its region's running XXH3-128 and written at its offset of a temporary
+    file beside ``path`` (``atomic.atomic_path``). :meth:`finish` checks that exactly
+    ``n_rows`` rows came, writes the JSON trailer and then the header with the checksums, and
+    renames the file into place. Memory is one chunk (``chunk_rows`` rows of each block) whatever
+    the file size; the bytes are those :func:`write_fxcache` writes for the same rows.
 
-    def end(self, name: str) -> None:
-        self.digests[name] = self._h.digest()
-        self._h = None
+    A writer that fails (an exception, :meth:`abort`) removes its temporary file; one that is
+    killed leaves a temporary name whose header is still zeros (bad magic: never opened as an
+    fxcache; ``locks.remove_orphans`` removes it at the next build). Nothing a later run
+    trusts exists before :meth:`finish` returns. Use it as a context manager: leaving the block
+    normally finishes the file, an exception aborts it.
+
+    ``row_label`` names a row in error messages (``bar`` for bar rows, ``row`` for snapshots).
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        names: Mapping[str, Sequence[str]],
+        dtype: DType,
+        cache_key: bytes,
+        n_rows: int,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        row_label: str = "row",
+    ) -> None:
+        self.path = path = Path(path)
+        if dtype not in DTYPE_CODES:
+            raise FxDataError(
+                f"{path}: unknown fxcache dtype {dtype!r} (expected one of {sorted(DTYPE_CODES)})"
+            )
+        if not isinstance(cache_key, bytes | bytearray) or len(cache_key) != KEY_BYTES:
+            raise FxDataError(f"{path}: cache key must be {KEY_BYTES} bytes")
+        if int(n_rows) < 0:
+            raise FxDataError(f"{path}: n_rows must be >= 0, got {n_rows}")
+        self.names = _check_groups(path, names)
+        self.dtype: DType = dtype
+        self.cache_key = bytes(cache_key)
+        self.n_rows = n = int(n_rows)
+        self.meta = dict(meta or {})
+        self.chunk_rows = max(1, int(chunk_rows))
+        self.row_label = row_label
+        nf, npx, no = (len(self.names.get(g, [])) for g in GROUPS)
+        self._nf, self._npx, self._no = nf, npx, no
+        self.specs = (
+            [FxColumn(c, "feature", i) for i, c in enumerate(self.names.get("feature", []))]
+            + [FxColumn(c, "price", i) for i, c in enumerate(self.names.get("price", []))]
+            + [FxColumn(c, "ofi", nf + i) for i, c in enumerate(self.names.get("ofi", []))]
+        )
+        self._value_specs = [c for c in self.specs if c.block == "values"]
+        self._price_specs = [c for c in self.specs if c.block == "price"]
+        self.row_width, self.price_width = padded_width(nf + no), padded_width(npx)
+        self._itemsize = STORAGE[dtype].itemsize
+        self._ts_off, self._px_off, self._val_off, self._tr_off, _ = _layout(
+            n, self.price_width, self.row_width, self._itemsize, 0
+        )
+        self.rows = 0
+        self._last_ts: int | None = None
+        self._ofi_nonzero = False
+        self._hash = {r: checksum.new_hasher() for r in ("ts", "price", "values")}
+        self._px_buf: F64 | None = None
+        self._val_buf: npt.NDArray[Any] | None = None
+        self._done = False
+        self._fd = -1
+        self._stack = contextlib.ExitStack()
+        try:
+            self._tmp = self._stack.enter_context(atomic_path(path))
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # Zeros up to the trailer (sparse): the header stays zero until finish, and every
+            # padding byte is already what the format says.
+            os.ftruncate(self._fd, self._tr_off)
+        except BaseException as exc:
+            self._stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    # -- appending ----------------------------------------------------------------------------
+    def append(self, ts: npt.ArrayLike, groups: Mapping[str, Any]) -> None:
+        """Append rows: ``ts`` int64 [m] (non-decreasing, also across appends) and, for every
+        group of the writer, its values [m, k] (array or :class:`ColumnBlock`)."""
+        if self._done:
+            raise FxDataError(f"{self.path}: append after the writer was finished or aborted")
+        ts_arr = np.ascontiguousarray(ts, dtype=np.int64)
+        if ts_arr.ndim != 1:
+            raise FxDataError(f"{self.path}: ts must be one-dimensional, got shape {ts_arr.shape}")
+        m = int(ts_arr.shape[0])
+        extra = set(groups) - set(self.names)
+        if extra:
+            raise FxDataError(f"{self.path}: groups {sorted(extra)} were not declared ({list(self.names)})")
+        arrays = {}
+        for g, names in self.names.items():
+            if g not in groups:
+                raise FxDataError(f"{self.path}: append without group {g!r}")
+            arrays[g] = _as_block(self.path, g, names, groups[g], m)
+        self._append(ts_arr, arrays, 0, m)
+
+    def _append(
+        self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
+    ) -> None:
+        """Rows ``lo:hi`` of ``ts`` and of the (checked) group arrays, ``chunk_rows`` at a time."""
+        if self.rows + (hi - lo) > self.n_rows:
+            self.abort()
+            raise FxDataError(f"{self.path}: more than the declared {self.n_rows} rows appended")
+        try:
+            for a in range(lo, hi, self.chunk_rows):
+                self._append_chunk(ts, arrays, a, min(hi, a + self.chunk_rows))
+        except BaseException:
+            self.abort()
+            raise
+
+    def _append_chunk(
+        self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
+    ) -> None:
+        m, r0 = hi - lo, self.rows
+        t = ts[lo:hi]
+        if m:
+            prev = self._last_ts
+            if prev is not None and t[0] < prev:
+                raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0}")
+            bad = np.flatnonzero(np.diff(t) < 0)
+            if bad.size:
+                raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0 + int(bad[0]) + 1}")
+            self._last_ts = int(t[-1])
+        self._write("ts", self._ts_off + 8 * r0, t.astype("<i8", copy=False).data.cast("B"))
+        cap = min(self.chunk_rows, max(self.n_rows, 1))
+        if self._npx:
+            if self._px_buf is None:
+                self._px_buf = np.zeros((cap, self.price_width), dtype=np.float64)
+            stored = self._px_buf[:m]
+            _fill_chunk(stored, [arrays["price"]], lo, hi)
+            if not _all_finite(stored[:, : self._npx], PRICE_DTYPE):
+                _check_finite_block(
+                    stored[:, : self._npx], self._price_specs, r0, self.path, FxDataError, self.row_label
+                )
+        else:
+            stored = np.zeros((m, self.price_width), dtype=np.float64)
+        self._write("price", self._px_off + r0 * self.price_width * 8, stored.data.cast("B"))
+        parts = [arrays[g] for g in VALUE_GROUPS if g in arrays]
+        nv = self._nf + self._no
+        if self._val_buf is None:
+            # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
+            fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
+            self._val_buf = np.zeros((cap, self.row_width), dtype=fill)
+        filled = self._val_buf[:m]
+        _fill_chunk(filled, parts, lo, hi)
+        vals = f32_to_bf16_bits(filled) if self.dtype == "bf16" else filled
+        if not _all_finite(vals[:, :nv], self.dtype):
+            _check_finite_block(
+                _decode(vals[:, :nv], self.dtype),
+                self._value_specs,
+                r0,
+                self.path,
+                FxDataError,
+                self.row_label,
+            )
+        if self._no and not self._ofi_nonzero:
+            o = vals[:, self._nf : nv]
+            self._ofi_nonzero = bool(np.any((o & np.uint16(0x7FFF)) != 0 if self.dtype == "bf16" else o != 0))
+        self._write("values", self._val_off + r0 * self.row_width * self._itemsize, vals.data.cast("B"))
+        self.rows = r0 + m
+
+    def _write(self, region: str, offset: int, data: memoryview) -> None:
+        self._hash[region].update(data)
+        view, pos = memoryview(data), 0
+        while pos < len(view):
+            pos += os.pwrite(self._fd, view[pos:], offset + pos)
+
+    # -- finishing ----------------------------------------------------------------------------
+    def finish(self, meta: Mapping[str, Any] | None = None) -> Path:
+        """Write trailer and header and move the file into place (``meta`` is merged into the
+        trailer's meta: figures known only at the end, such as dropped-row counts)."""
+        if self._done:
+            raise FxDataError(f"{self.path}: the writer was already finished or aborted")
+        try:
+            if self.rows != self.n_rows:
+                raise FxDataError(f"{self.path}: {self.rows} rows appended, {self.n_rows} declared")
+            if self._no and not self._ofi_nonzero:
+                raise FxDataError(
+                    f"{self.path}: OFI columns {self.names['ofi']} are all zero; "
+                    "refusing to write them as present (missing book data must be an error, not zeros)"
+                )
+            n = self.n_rows
+            trailer = {
+                "format_version": FORMAT_VERSION,
+                "dtype": self.dtype,
+                "price_dtype": PRICE_DTYPE,
+                "row_width": self.row_width,
+                "price_width": self.price_width,
+                "columns": [{"name": c.name, "group": c.group, "index": c.index} for c in self.specs],
+                "meta": {**self.meta, **dict(meta or {})},
+            }
+            trailer_bytes = json.dumps(
+                trailer, sort_keys=True, default=_json_default, allow_nan=False
+            ).encode()
+            # the zero padding at the end of each region (already zero in the file) is hashed too
+            self._hash["ts"].update(bytes(self._px_off - (self._ts_off + 8 * n)))
+            self._hash["price"].update(bytes(self._val_off - (self._px_off + n * self.price_width * 8)))
+            self._hash["values"].update(
+                bytes(self._tr_off - (self._val_off + n * self.row_width * self._itemsize))
+            )
+            tr = checksum.new_hasher()
+            tr.update(trailer_bytes)
+            os.pwrite(self._fd, trailer_bytes, self._tr_off)
+            header = FxCacheHeader(
+                format_version=FORMAT_VERSION,
+                dtype=self.dtype,
+                flags=FLAG_HAS_OFI if self._no else 0,
+                n_feature=self._nf,
+                n_price=self._npx,
+                n_ofi=self._no,
+                row_width=self.row_width,
+                price_width=self.price_width,
+                header_size=HEADER_SIZE,
+                n_bars=n,
+                cache_key=self.cache_key,
+                schema_hash=schema_hash(self.specs, self.dtype, self.row_width, self.price_width),
+                ts_offset=self._ts_off,
+                price_offset=self._px_off,
+                values_offset=self._val_off,
+                trailer_offset=self._tr_off,
+                trailer_length=len(trailer_bytes),
+                ts_checksum=self._hash["ts"].digest(),
+                price_checksum=self._hash["price"].digest(),
+                values_checksum=self._hash["values"].digest(),
+                trailer_checksum=tr.digest(),
+            )
+            size = os.fstat(self._fd).st_size
+            if size != self._tr_off + len(trailer_bytes):  # pragma: no cover - guards the layout arithmetic
+                raise FxDataError(
+                    f"{self.path}: wrote {size} bytes, layout says {self._tr_off + len(trailer_bytes)}"
+                )
+            os.pwrite(self._fd, header.pack(), 0)  # last: until now the file has no magic
+            os.close(self._fd)
+            self._fd = -1
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._stack.close()  # os.replace into place
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the temporary file (nothing is left; an earlier file stays intact)."""
+        if self._done:
+            return
+        self._done = True
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        exc = FxDataError(f"{self.path}: write aborted")
+        with contextlib.suppress(FxDataError):
+            self._stack.__exit__(FxDataError, exc, None)
+
+    def __enter__(self) -> FxCacheWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.finish()
 
 
 def write_fxcache(
@@ -450,21 +726,17 @@ def write_fxcache(
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> Path:
-    """Write an fxcache file atomically and return its path.
+    """Write an fxcache file of bar rows from whole arrays, atomically, and return its path.
 
     ``ts``: int64 bar close times (ns, non-decreasing). ``columns``: group name (``feature``,
     ``price``, ``ofi``; any may be absent) -> (column names, float array [n, k]). ``price``
     columns are stored as float64 whatever ``dtype``; ``dtype`` is the type of the feature and
-    OFI value block. Blocks are converted, checksummed and written ``chunk_rows`` rows at a
-    time, so memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file,
-    column and bar on non-finite values (also after rounding to the stored dtype) and when OFI
-    columns are present but all zero: an OFI-less file must say so, not carry zeros.
+    OFI value block. The rows go through :class:`FxCacheWriter` ``chunk_rows`` at a time, so
+    memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file, column and
+    bar on non-finite values (also after rounding to the stored dtype) and when OFI columns are
+    present but all zero: an OFI-less file must say so, not carry zeros.
     """
     path = Path(path)
-    if dtype not in DTYPE_CODES:
-        raise FxDataError(f"{path}: unknown fxcache dtype {dtype!r} (expected one of {sorted(DTYPE_CODES)})")
-    if not isinstance(cache_key, bytes | bytearray) or len(cache_key) != KEY_BYTES:
-        raise FxDataError(f"{path}: cache key must be {KEY_BYTES} bytes")
     ts_arr = np.ascontiguousarray(ts, dtype=np.int64)
     if ts_arr.ndim != 1:
         raise FxDataError(f"{path}: ts must be one-dimensional, got shape {ts_arr.shape}")
@@ -473,148 +745,23 @@ def write_fxcache(
         bad = np.flatnonzero(np.diff(ts_arr) < 0)
         if bad.size:
             raise FxDataError(f"{path}: ts_close decreases at bar {int(bad[0]) + 1}")
-    unknown = set(columns) - set(GROUPS)
-    if unknown:
-        raise FxDataError(f"{path}: unknown column groups {sorted(unknown)} (expected {list(GROUPS)})")
-
-    names_of: dict[str, list[str]] = {}
-    arrays: dict[str, npt.NDArray[Any] | ColumnBlock] = {}
-    seen: set[str] = set()
-    for group in GROUPS:
-        if group not in columns:
-            continue
-        names, values = columns[group]
-        names = [str(x) for x in names]
-        arr: npt.NDArray[Any] | ColumnBlock = (
-            values if isinstance(values, ColumnBlock) else np.asarray(values)
-        )
-        if arr.ndim == 1 and len(names) == 1 and isinstance(arr, np.ndarray):
-            arr = arr.reshape(-1, 1)
-        if arr.ndim != 2 or arr.shape != (n, len(names)):
-            raise FxDataError(
-                f"{path}: group {group!r} has shape {arr.shape}, expected ({n}, {len(names)}) for {names}"
-            )
-        if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
-            raise FxDataError(f"{path}: group {group!r} has non-numeric dtype {arr.dtype}")
-        for name in names:
-            if not name or name in seen:
-                raise FxDataError(f"{path}: column name {name!r} is empty or repeated")
-            seen.add(name)
-        if names:
-            names_of[group] = names
-            arrays[group] = arr
-    if not names_of:
-        raise FxDataError(f"{path}: no columns to write")
-    nf, npx, no = (len(names_of.get(g, [])) for g in GROUPS)
-    specs = (
-        [FxColumn(c, "feature", i) for i, c in enumerate(names_of.get("feature", []))]
-        + [FxColumn(c, "price", i) for i, c in enumerate(names_of.get("price", []))]
-        + [FxColumn(c, "ofi", nf + i) for i, c in enumerate(names_of.get("ofi", []))]
-    )
-    row_width, price_width = padded_width(nf + no), padded_width(npx)
-    has_ofi = False
-    if no:
-        has_ofi = _any_nonzero(arrays["ofi"])
-        if not has_ofi:
-            raise FxDataError(
-                f"{path}: OFI columns {names_of['ofi']} are all zero; "
-                "refusing to write them as present (missing book data must be an error, not zeros)"
-            )
-
-    trailer = {
-        "format_version": FORMAT_VERSION,
-        "dtype": dtype,
-        "price_dtype": PRICE_DTYPE,
-        "row_width": row_width,
-        "price_width": price_width,
-        "columns": [{"name": c.name, "group": c.group, "index": c.index} for c in specs],
-        "meta": dict(meta or {}),
-    }
-    trailer_bytes = json.dumps(trailer, sort_keys=True, default=_json_default, allow_nan=False).encode()
-    itemsize = STORAGE[dtype].itemsize
-    ts_off, px_off, val_off, tr_off, total = _layout(n, price_width, row_width, itemsize, len(trailer_bytes))
-    value_specs = [c for c in specs if c.block == "values"]
-    price_specs = [c for c in specs if c.block == "price"]
-
-    chunk_rows = max(1, int(chunk_rows))
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        fh.write(bytes(HEADER_SIZE))  # the real header (with the checksums) goes in last
-        w = _HashingWriter(fh)
-        w.begin()
-        w.write(ts_arr.astype("<i8", copy=False).tobytes())
-        w.write(bytes(px_off - (ts_off + 8 * n)))
-        w.end("ts")
-        # Each chunk is written into one reused buffer in its stored form (padding columns stay
-        # zero), checked, hashed and written: the groups' columns go straight to their place.
-        w.begin()
-        buf = np.zeros((min(chunk_rows, n), price_width), dtype=np.float64)
-        for lo in range(0, n, chunk_rows):
-            hi = min(n, lo + chunk_rows)
-            stored = buf[: hi - lo]
-            if npx:
-                _fill_chunk(stored, [arrays["price"]], lo, hi)
-                if not _all_finite(stored[:, :npx], PRICE_DTYPE):
-                    _check_finite_block(stored[:, :npx], price_specs, lo, path, FxDataError)
-            w.write(stored.data.cast("B"))
-        w.write(bytes(val_off - (px_off + n * price_width * 8)))
-        w.end("price")
-        w.begin()
-        value_parts = [arrays[g] for g in VALUE_GROUPS if g in arrays]
-        # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
-        fill_dtype = STORAGE["f32"] if dtype == "bf16" else STORAGE[dtype]
-        buf = np.zeros((min(chunk_rows, n), row_width), dtype=fill_dtype)
-        for lo in range(0, n, chunk_rows):
-            hi = min(n, lo + chunk_rows)
-            filled = buf[: hi - lo]
-            _fill_chunk(filled, value_parts, lo, hi)
-            stored = f32_to_bf16_bits(filled) if dtype == "bf16" else filled
-            if not _all_finite(stored[:, : nf + no], dtype):
-                _check_finite_block(_decode(stored[:, : nf + no], dtype), value_specs, lo, path, FxDataError)
-            w.write(stored.data.cast("B"))
-        w.write(bytes(tr_off - (val_off + n * row_width * itemsize)))
-        w.end("values")
-        w.begin()
-        w.write(trailer_bytes)
-        w.end("trailer")
-        header = FxCacheHeader(
-            format_version=FORMAT_VERSION,
-            dtype=dtype,
-            flags=FLAG_HAS_OFI if has_ofi else 0,
-            n_feature=nf,
-            n_price=npx,
-            n_ofi=no,
-            row_width=row_width,
-            price_width=price_width,
-            header_size=HEADER_SIZE,
-            n_bars=n,
-            cache_key=bytes(cache_key),
-            schema_hash=schema_hash(specs, dtype, row_width, price_width),
-            ts_offset=ts_off,
-            price_offset=px_off,
-            values_offset=val_off,
-            trailer_offset=tr_off,
-            trailer_length=len(trailer_bytes),
-            ts_checksum=w.digests["ts"],
-            price_checksum=w.digests["price"],
-            values_checksum=w.digests["values"],
-            trailer_checksum=w.digests["trailer"],
-        )
-        fh.flush()
-        if fh.tell() != total:  # pragma: no cover - guards the layout arithmetic
-            raise FxDataError(f"{path}: wrote {fh.tell()} bytes, layout says {total}")
-        fh.seek(0)
-        fh.write(header.pack())
-    return path
+    names = _check_groups(path, {g: v[0] for g, v in columns.items()})
+    arrays = {g: _as_block(path, g, names[g], columns[g][1], n) for g in names}
+    w = FxCacheWriter(path, names, dtype, cache_key, n, meta, chunk_rows=chunk_rows, row_label="bar")
+    w._append(ts_arr, arrays, 0, n)
+    return w.finish()
 
 
 def _check_finite_block(
-    block: F64, specs: Sequence[FxColumn], row0: int, path: Path, err: type[FxDataError]
+    block: F64, specs: Sequence[FxColumn], row0: int, path: Path, err: type[FxDataError], label: str = "bar"
 ) -> None:
     finite = np.isfinite(block)
     if finite.all():
         return
     r, c = np.argwhere(~finite)[0]
-    raise err(f"{path}: non-finite value {block[r, c]!r} in column {specs[c].name!r} at bar {row0 + int(r)}")
+    raise err(
+        f"{path}: non-finite value {float(block[r, c])!r} in column {specs[c].name!r} at {label} {row0 + int(r)}"
+    )
 
 
 # --- reader ---------------------------------------------------------------------------------
@@ -1065,6 +1212,13 @@ def describe_fxcache(path: Path | str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) 
             "file_bytes": int(fc.path.stat().st_size),
             "valid": valid,
             "error": error,
+            "row_unit": str(fc.meta.get("row_unit", "bar")),
+            "rows": fc.n_bars,
+            "feature_width": fc.header.n_feature,
+            "value_width": fc.header.n_values,
+            "price_width": fc.header.n_price,
+            "feature_names": fc.group_names("feature"),
+            "price_names": fc.group_names("price"),
             "header": fc.header.as_dict(),
             "meta": fc.meta,
             "ts_first": int(ts[0]) if fc.n_bars else None,
@@ -1081,6 +1235,7 @@ __all__ = [
     "PRICE_DTYPE",
     "FxCache",
     "FxCacheHeader",
+    "FxCacheWriter",
     "FxColumn",
     "bf16_bits_to_f64",
     "checksum_mismatch",

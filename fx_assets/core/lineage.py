@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -33,6 +33,7 @@ from fx_assets.core.cachekey import SourceIdentity, cache_key, canonical_value, 
 from fx_assets.core.calendar import previous_quarter
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.ofi import OfiConfig
+from fx_assets.core.snapshot_features import SnapshotFeatureConfig
 
 #: Arrow table format of roll calendar, bars and feature files (bumped with their layout).
 TABLE_FORMAT_VERSION = 1
@@ -45,13 +46,22 @@ def code_version(stage: str) -> str:
     return codeversion.stage_version(stage)
 
 
+RowUnit = Literal["bar", "snapshot"]
+
+
 class FxCacheConfig(ConfigModel):
-    """How the per-quarter fxcache file is written."""
+    """How the per-quarter fxcache file is written, and what one of its rows is."""
 
     dtype: Literal["f32", "bf16", "f64"] = Field(
         "f32",
-        description="Value type of the cache: f32, bf16 or f64 (bf16 halves the upload but keeps "
-        "only ~3 significant digits, so prices come from f32/f64 caches).",
+        description="Value type of the cache's feature block: f32, bf16 or f64 (bf16 halves the "
+        "upload but keeps only ~3 significant digits; prices are always in the f64 price block).",
+    )
+    row_unit: RowUnit = Field(
+        "bar",
+        description="What one row is: 'bar' (one row per bar: bar features, OFI, bar prices; "
+        "core.bar_rows) or 'snapshot' (one row per MBP-10 update of the active contract: snapshot "
+        "features and the last closed bar's features, exact mid; core.snapshot_rows).",
     )
 
 
@@ -70,6 +80,9 @@ class StageConfigs:
     bar_features: BarFeatureConfig
     ofi: OfiConfig
     fxcache: FxCacheConfig
+    #: The snapshot feature stack (used when ``fxcache.row_unit`` is ``snapshot``; always in the
+    #: fxcache key, so no row unit can reach a file built with other snapshot parameters).
+    snapshot: SnapshotFeatureConfig = field(default_factory=SnapshotFeatureConfig)
 
 
 # --- warm-up plans (shared by the keys and the stages) ----------------------------------------
@@ -173,10 +186,12 @@ def ofi_features_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date) 
 
 
 def fxcache_key(cfg: StageConfigs, lookup: SourceLookup, quarter: dt.date, bar_count: BarCount) -> str:
-    """Reads the quarter's bars, bar features, OFI features, roll calendar and book."""
+    """Reads the quarter's bars, bar features, OFI features (bar rows), roll calendar and book.
+    The row unit is a field of ``cfg.fxcache`` and the snapshot stack's config is always keyed,
+    so every downstream key (folds, models: they chain this key) covers both by construction."""
     return _key(
         "fxcache",
-        [cfg.fxcache],
+        [cfg.fxcache, cfg.snapshot],
         _present(lookup, [("mbp-10", quarter)]),
         [
             roll_calendar_key(lookup, quarter),

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from fx_assets.core import ofi as ofi_core
+from fx_assets.core.active_contract import ActiveTrades, active_trades, roll_calendar_from_table
 from fx_assets.core.bar_features import FeatureTable, build_registry, validate_features
 from fx_assets.core.bars import BarTable
 from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.stages import ActiveTrades, active_trades, read_table, roll_calendar_from_table
-from fx_assets.core.tables import verify_table
+from fx_assets.core.tables import read_table, verify_table
 from fx_assets.core.verified import verify_once
 
 

@@ -10,6 +10,7 @@ parameters its bars were built with. Override any field at launch::
       pipeline:
         config:
           bars: {volume_bar_size: 200}
+          fxcache: {row_unit: snapshot}   # one row per MBP-10 update instead of per bar
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fx_assets.core.bar_features import BarFeatureConfig
 from fx_assets.core.bars import BarConfig
 from fx_assets.core.lineage import FxCacheConfig, StageConfigs
 from fx_assets.core.ofi import OfiConfig
+from fx_assets.core.snapshot_features import SnapshotFeatureConfig
 
 
 class BarsConfig(dg.Config, BarConfig):
@@ -36,7 +38,11 @@ class OfiFeaturesConfig(dg.Config, OfiConfig):
 
 
 class FxCacheWriteConfig(dg.Config, FxCacheConfig):
-    """fxcache file layout."""
+    """fxcache file layout and row unit (``row_unit``: bar or snapshot)."""
+
+
+class SnapshotFeaturesConfig(dg.Config, SnapshotFeatureConfig):
+    """Snapshot feature stack (windows in updates / trades), for ``fxcache.row_unit: snapshot``."""
 
 
 #: Fields that change no output, so no key holds them (the key completeness test checks that
@@ -50,7 +56,13 @@ class PipelineConfig(dg.ConfigurableResource):
     bars: BarsConfig = Field(default_factory=BarsConfig, description="Bar formation.")
     bar_features: BarFeaturesConfig = Field(default_factory=BarFeaturesConfig, description="Bar features.")
     ofi: OfiFeaturesConfig = Field(default_factory=OfiFeaturesConfig, description="OFI / book features.")
-    fxcache: FxCacheWriteConfig = Field(default_factory=FxCacheWriteConfig, description="fxcache layout.")
+    fxcache: FxCacheWriteConfig = Field(
+        default_factory=FxCacheWriteConfig, description="fxcache layout and row unit (bar | snapshot)."
+    )
+    snapshot: SnapshotFeaturesConfig = Field(
+        default_factory=SnapshotFeaturesConfig,
+        description="Snapshot features (one row per MBP-10 update), used when fxcache.row_unit is snapshot.",
+    )
     bars_target_per_session: int | None = Field(
         default=None,
         description="Expected bars per session; a warning is logged when a quarter drifts more "
@@ -65,4 +77,5 @@ class PipelineConfig(dg.ConfigurableResource):
             bar_features=BarFeatureConfig.model_validate(self.bar_features.model_dump()),
             ofi=OfiConfig.model_validate(self.ofi.model_dump()),
             fxcache=FxCacheConfig.model_validate(self.fxcache.model_dump()),
+            snapshot=SnapshotFeatureConfig.model_validate(self.snapshot.model_dump()),
         )

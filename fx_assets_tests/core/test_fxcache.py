@@ -442,3 +442,127 @@ def test_in_place_change_is_detected(tmp_path: Path, what: str, dtype: DType) ->
     expect_error(p, "checksum mismatch")  # open_fxcache verifies on every open by default
     d = describe_fxcache(p)  # inspect still shows the file, and says it is invalid
     assert d["valid"] is False and "checksum mismatch" in d["error"]
+
+
+# --- incremental writer ----------------------------------------------------------------------
+
+
+def append_in_chunks(
+    w: fxcache.FxCacheWriter, cols: dict[str, tuple[list[str], np.ndarray]], sizes: list[int]
+) -> None:
+    ts, lo = make_ts(), 0
+    for k in sizes:
+        w.append(ts[lo : lo + k], {g: v[lo : lo + k] for g, (_, v) in cols.items()})
+        lo += k
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_incremental_writer_writes_the_bytes_of_write_fxcache(tmp_path: Path, dtype: DType) -> None:
+    """Appends of uneven sizes (1 row, chunks larger than chunk_rows, an empty one) give the
+    same file, byte for byte, as one write of the whole arrays."""
+    cols = make_columns()
+    ref = write_fxcache(tmp_path / "ref.fxcache", make_ts(), cols, dtype, KEY, {"partition": "p"})
+    names = {g: n for g, (n, _) in cols.items()}
+    out = tmp_path / "inc.fxcache"
+    with fxcache.FxCacheWriter(out, names, dtype, KEY, N, {"partition": "p"}, chunk_rows=64) as w:
+        append_in_chunks(w, cols, [1, 0, 300, 64, 635])
+        assert not out.exists()  # nothing under the final name before finish
+    assert out.read_bytes() == ref.read_bytes()
+    fxcache.verify_fxcache(out)
+
+
+def test_incremental_writer_memory_is_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    real = fxcache._fill_chunk
+
+    def spy(block: np.ndarray, *a: Any) -> Any:
+        sizes.append(block.shape[0])
+        return real(block, *a)
+
+    monkeypatch.setattr(fxcache, "_fill_chunk", spy)
+    cols = make_columns()
+    w = fxcache.FxCacheWriter(
+        tmp_path / "m.fxcache", {g: n for g, (n, _) in cols.items()}, "f32", KEY, N, chunk_rows=50
+    )
+    append_in_chunks(w, cols, [N])  # one append of every row is still written 50 rows at a time
+    w.finish()
+    assert max(sizes) == 50 and sum(sizes) == 2 * N
+    assert w._px_buf is not None and w._px_buf.shape[0] == 50
+    assert w._val_buf is not None and w._val_buf.shape[0] == 50
+
+
+def test_incremental_writer_names_file_column_and_row_of_a_non_finite_value(tmp_path: Path) -> None:
+    cols = make_columns()
+    cols["feature"][1][617, 1] = np.inf
+    cols["price"][1][905, 2] = np.nan
+    names = {g: n for g, (n, _) in cols.items()}
+    p = tmp_path / "bad.fxcache"
+    w = fxcache.FxCacheWriter(p, names, "bf16", KEY, N, chunk_rows=100)
+    with pytest.raises(FxDataError, match=rf"{p}: non-finite value inf in column 'rsi_14' at row 617"):
+        append_in_chunks(w, cols, [500, 500])
+    assert list(tmp_path.iterdir()) == []  # the failed writer removed its temporary file
+    cols["feature"][1][617, 1] = 0.0
+    with pytest.raises(FxDataError, match=r"non-finite value nan in column 'mid_open' at row 905"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, N) as w2:
+            append_in_chunks(w2, cols, [400, 600])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_incremental_writer_refuses_wrong_row_counts_order_and_groups(tmp_path: Path) -> None:
+    cols = make_columns()
+    names = {g: n for g, (n, _) in cols.items()}
+    p = tmp_path / "x.fxcache"
+    w = fxcache.FxCacheWriter(p, names, "f32", KEY, N)
+    append_in_chunks(w, cols, [N - 1])
+    with pytest.raises(FxDataError, match=f"{N - 1} rows appended, {N} declared"):
+        w.finish()
+    with pytest.raises(FxDataError, match="more than the declared"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, 10) as w:
+            append_in_chunks(w, cols, [11])
+    ts = make_ts()
+    with pytest.raises(FxDataError, match="ts decreases at row 3"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, 6) as w:
+            w.append(ts[2:5], {g: v[:3] for g, (_, v) in cols.items()})
+            w.append(ts[:3], {g: v[:3] for g, (_, v) in cols.items()})
+    with pytest.raises(FxDataError, match="without group 'ofi'"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, 2) as w:
+            w.append(ts[:2], {"feature": cols["feature"][1][:2], "price": cols["price"][1][:2]})
+    with pytest.raises(FxDataError, match="all zero"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, 2) as w:
+            w.append(ts[:2], {**{g: v[:2] for g, (_, v) in cols.items()}, "ofi": np.zeros((2, 2))})
+    assert list(tmp_path.iterdir()) == []
+
+
+_KILLED_WRITER = """
+import os, sys
+import numpy as np
+from fx_assets.core.fxcache import FxCacheWriter
+path, n = sys.argv[1], 1000
+w = FxCacheWriter(path, {"feature": ["a", "b"], "price": ["mid"]}, "f32", bytes(32), n, chunk_rows=100)
+w.append(np.arange(600, dtype=np.int64), {"feature": np.ones((600, 2)), "price": np.full((600, 1), 5000.25)})
+os._exit(9)  # killed mid-write: no finally, no cleanup
+"""
+
+
+def test_a_killed_writer_leaves_nothing_a_later_run_trusts(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from fx_assets.core.locks import remove_orphans
+
+    final = tmp_path / "q.fxcache"
+    env = {**os.environ, "PYTHONPATH": str(Path(fxcache.__file__).parents[2])}
+    r = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(final)], env=env, capture_output=True)
+    assert r.returncode == 9, r.stderr
+    assert not final.exists()
+    (tmp,) = list(tmp_path.iterdir())  # its temporary file, under a temporary name
+    assert tmp.name.startswith(f".{final.name}.tmp-")
+    with pytest.raises(FxCacheError, match="bad magic"):  # the header is written last
+        open_fxcache(tmp)
+    assert remove_orphans(final) == [tmp]  # the next build of the file clears it
+    cols = make_columns()
+    with fxcache.FxCacheWriter(final, {g: n for g, (n, _) in cols.items()}, "f32", KEY, N) as w:
+        append_in_chunks(w, cols, [N])
+    with open_fxcache(final) as fc:
+        assert fc.n_bars == N

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fx_assets.core import dbn, sidecar, stages
+from fx_assets.core import active_contract, dbn, sidecar
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import roll_calendar_from_sidecars
 from fx_assets_tests.core.test_dbn import FIX, MBP1_BIG, TRADES_V1, write_dbn
@@ -54,12 +54,12 @@ def test_active_trades_refuses_non_trade_actions(tmp_path: Path) -> None:
         tmp_path / "t.arrow",
     )
     cal = roll_calendar_from_sidecars(good.path, None)
-    stages.active_trades(good.path, cal)  # trades only: fine
+    active_contract.active_trades(good.path, cal)  # trades only: fine
     recs["action"][1] = ord("A")
     bad = sidecar.build_sidecar(
         write_dbn(tmp_path / "a.dbn", dbn.read_header(TRADES_V1).header_bytes, recs, zstd=False),
         tmp_path / "a.arrow",
     )
     with pytest.raises(FxDataError, match=r"a\.arrow: 1 of 2 records are not trades \(actions \['A'\]"):
-        stages.active_trades(bad.path, roll_calendar_from_sidecars(bad.path, None))
+        active_contract.active_trades(bad.path, roll_calendar_from_sidecars(bad.path, None))
     assert np.all(dbn.read_records(TRADES_V1)["action"] == ord("T"))

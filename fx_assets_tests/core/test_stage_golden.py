@@ -1,7 +1,7 @@
 """Golden outputs of the feature stages: speed work must not change a single bit.
 
 A small two-quarter synthetic market runs through the stage drivers of
-:mod:`fx_assets.core.stages` as the assets call them (roll calendar, active trades, bars, bar
+:mod:`fx_assets.core.bar_rows` as the assets call them (roll calendar, active trades, bars, bar
 features and OFI warmed up from the previous quarter, the fxcache assembly and file in every
 dtype); every column's XXH3-128 (:func:`fx_assets.core.tables.table_checksums`) and every
 fxcache region checksum must equal the ones recorded in ``golden/stage_digests.json`` (written
@@ -25,22 +25,15 @@ import numpy as np
 import pytest
 
 from fx_assets.core import ofi as ofi_core
+from fx_assets.core.active_contract import active_trade_flow, active_trades, quarter_roll_calendar
 from fx_assets.core.bar_features import BarFeatureConfig
+from fx_assets.core.bar_rows import assemble_fxcache_columns, quarter_bar_features, quarter_bars, quarter_ofi
 from fx_assets.core.bars import BarConfig
+from fx_assets.core.book import BookSource
 from fx_assets.core.checksum import hash_file
 from fx_assets.core.fxcache import read_header, write_fxcache
+from fx_assets.core.ofi_warmup import ofi_warmup_start
 from fx_assets.core.sidecar import ensure_sidecar
-from fx_assets.core.stages import (
-    BookSource,
-    active_trade_flow,
-    active_trades,
-    assemble_fxcache_columns,
-    ofi_warmup_start,
-    quarter_bar_features,
-    quarter_bars,
-    quarter_ofi,
-    quarter_roll_calendar,
-)
 from fx_assets.core.tables import table_checksums
 from fx_assets_tests.conftest import make_market
 

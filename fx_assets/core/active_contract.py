@@ -1,0 +1,427 @@
+"""The active contract of each session and the records that belong to it (no Dagster).
+
+Shared by both row units (bar and snapshot):
+
+- ``quarter_roll_calendar`` / ``roll_calendar_from_table``: a quarter's roll calendar (seeded by
+  the previous quarter's last session) and its inverse of ``RollCalendar.to_arrow``.
+- ``active_trades`` (:class:`ActiveTrades`) and ``active_trade_flow`` (:class:`TradeFlow`: ts,
+  size and sign only): the trades of the session's active contract (halts and weekends, spreads
+  and deferred months dropped), in ``ts_recv`` order.
+- ``_active_table`` / ``_active_at``: the session boundary table (``calendar.session_table``)
+  and the per-session active id that every record-level kernel looks ``ts_recv`` up in, so no
+  per-record session / mask array of a whole quarter is built.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from numba import njit
+
+from fx_assets.core.calendar import interval_of, session_table, ts_range
+from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.roll import RollCalendar, roll_calendar_from_sidecars
+from fx_assets.core.sidecar import sidecar_columns
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+_T = TypeVar("_T")
+_ACTION_TRADE = ord("T")
+_SIDE_BUY = ord("B")
+_SIDE_SELL = ord("A")
+
+
+# --- roll calendar --------------------------------------------------------------------------
+
+
+def quarter_roll_calendar(trades_sidecar: Path, prev_trades_sidecar: Path | None) -> RollCalendar:
+    """Roll calendar of the quarter; the previous quarter's last session seeds its first one."""
+    return roll_calendar_from_sidecars(trades_sidecar, prev_trades_sidecar)
+
+
+def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
+    """Inverse of ``RollCalendar.to_arrow`` (events rebuilt from the roll flags)."""
+    d = table.to_pydict()
+    sess = np.asarray(d["session_day"], dtype=np.int32)
+    iid = np.asarray(d["instrument_id"], dtype=np.uint32)
+    is_roll = np.asarray(d["is_roll"], dtype=bool)
+    from fx_assets.core.roll import RollEvent
+
+    # A roll on the first row came from a contract of the previous quarter (unknown here: 0).
+    events = tuple(
+        RollEvent(
+            int(sess[i]),
+            int(iid[i - 1]) if i > 0 else 0,
+            int(iid[i]),
+            d["raw_symbol"][i - 1] if i > 0 else None,
+            d["raw_symbol"][i],
+        )
+        for i in np.flatnonzero(is_roll)
+    )
+    return RollCalendar(sess, iid, tuple(d["raw_symbol"]), tuple(d["expiry"]), is_roll, events)
+
+
+def contract_codes_of(calendar: RollCalendar) -> Callable[[npt.ArrayLike], F64]:
+    """A function from instrument ids to their contract codes: the expiry as ``yyyymm`` (or the
+    instrument id when the expiry is unknown). Trainers and labels use the codes to keep a
+    label from spanning a roll."""
+    code_by_iid: dict[int, float] = {}
+    for iid, exp in zip(calendar.instrument_id, calendar.expiry, strict=True):
+        code_by_iid[int(iid)] = float(exp.year * 100 + exp.month) if exp is not None else float(iid)
+
+    def codes(instrument_id: npt.ArrayLike) -> F64:
+        uniq, inv = np.unique(np.asarray(instrument_id), return_inverse=True)
+        vals = np.array([code_by_iid.get(int(u), float(u)) for u in uniq], dtype=np.float64)
+        return vals[inv].reshape(-1)
+
+    return codes
+
+
+# --- trades ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActiveTrades:
+    """Trades of the active contract, ``ts_recv`` order; prices in index points.
+
+    ``after_ts``: when set, only the trades with ``ts_recv > after_ts`` were loaded (a previous
+    quarter's warm-up tail, see :func:`ofi_warmup_start`); ``n_source`` counts the file."""
+
+    ts: npt.NDArray[np.int64]
+    price: npt.NDArray[np.float64]
+    size: npt.NDArray[np.float64]
+    sign: npt.NDArray[np.int8]
+    session: npt.NDArray[np.int32]
+    instrument_id: npt.NDArray[np.uint32]
+    n_source: int
+    after_ts: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+def _active_table(
+    calendar: RollCalendar, ts: npt.NDArray[np.int64]
+) -> tuple[I64, I64, npt.NDArray[np.int32]]:
+    """Session lookup table around ``ts`` (see ``calendar.session_table``) and, per session, the
+    active instrument id (-1 where the roll calendar has no row: nothing is active)."""
+    if ts.size == 0:
+        bounds, days = session_table(0, 0)
+    else:
+        bounds, days = session_table(*ts_range(ts))
+    iid, known = calendar.active_instrument(days)
+    return bounds, np.where(known, iid.astype(np.int64), -1), days
+
+
+@njit(cache=True, inline="always")
+def _active_at(bounds: I64, act: I64, t: int, iid: int, k: int) -> tuple[bool, int]:
+    """(is ``iid`` the active contract at ``t``, interval index of ``t`` for the next call)."""
+    k = interval_of(bounds, t, k)
+    if k & 1:
+        a = act[(k - 1) >> 1]
+        return a >= 0 and iid == a, k
+    return False, k
+
+
+@njit(cache=True, nogil=True)
+def _active_keep_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    bounds: I64,
+    act: I64,
+    after: int,
+    lo: int,
+    hi: int,
+    keep: npt.NDArray[np.bool_],
+) -> int:
+    """Mark in ``keep`` the kept trades of ``lo:hi`` (1 byte each: no index array); their count."""
+    cnt = 0
+    k = 0
+    for i in range(lo, hi):
+        if ts[i] <= after:
+            continue
+        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+        p = price[i]
+        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+            keep[i] = True
+            cnt += 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def _active_write_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    keep: npt.NDArray[np.bool_],
+    bounds: I64,
+    days: npt.NDArray[np.int32],
+    lo: int,
+    hi: int,
+    j: int,
+    o_ts: I64,
+    o_px: F64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+    o_ss: npt.NDArray[np.int32],
+    o_id: npt.NDArray[np.uint32],
+) -> bool:
+    """Write the kept trades of ``lo:hi`` from output row ``j`` on; False if they are out of
+    ``ts`` order (among themselves: the caller checks across chunks)."""
+    j0 = j
+    k = 0
+    ordered = True
+    for i in range(lo, hi):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j > j0 and t < o_ts[j - 1]:
+            ordered = False
+        k = interval_of(bounds, t, k)
+        o_ts[j] = t
+        o_px[j] = price[i] / PRICE_DIVISOR  # as dbn.px_to_float (price is defined here)
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        o_ss[j] = days[(k - 1) >> 1]
+        o_id[j] = iid[i]
+        j += 1
+    return ordered
+
+
+# The pass's large arrays come from numba's allocator, not numpy's: numpy advises the kernel to
+# back large arrays with transparent huge pages, and on the 2-core benchmark VM the first touch
+# of those is several times slower when the process starts after an idle spell (the ~600 MB of
+# outputs of a scale-1 quarter: 0.75-1.6 s against 0.17-0.33 s).
+@njit(cache=True)
+def _zeros_bool_nb(n: int) -> npt.NDArray[np.bool_]:
+    return np.zeros(n, np.bool_)
+
+
+@njit(cache=True)
+def _active_outputs_nb(
+    n: int,
+) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32]]:
+    return (
+        np.empty(n, np.int64),
+        np.empty(n, np.float64),
+        np.empty(n, np.float64),
+        np.empty(n, np.int8),
+        np.empty(n, np.int32),
+        np.empty(n, np.uint32),
+    )
+
+
+# Below this many trades per thread one pass is faster than starting threads.
+_MIN_TRADES_PER_THREAD = 1 << 20
+
+
+def _active_pass(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    bounds: I64,
+    act: I64,
+    days: npt.NDArray[np.int32],
+    after: int,
+) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32], bool]:
+    # Pass 1 marks the kept trades (1 byte each), pass 2 writes them: no index array and no
+    # full-length int64 / float64 temporaries. Both passes run on contiguous chunks on
+    # numba's thread count of threads (nogil kernels): faulting in the mapped sidecar and the
+    # outputs is the cost, and it spreads over cores; pass 2 writes each chunk at the offset
+    # the counts of pass 1 give, so the output does not depend on the split.
+    n = int(ts.shape[0])
+    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    keep = _zeros_bool_nb(n)
+
+    def run(fn: Callable[[int], _T]) -> list[_T]:
+        if parts == 1:
+            return [fn(0)]
+        with ThreadPoolExecutor(parts) as pool:
+            return list(pool.map(fn, range(parts)))
+
+    counts = run(
+        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
+    )
+    offsets = [0, *itertools.accumulate(counts)]
+    cnt = offsets[-1]
+    o_ts, o_px, o_sz, o_sg, o_ss, o_id = _active_outputs_nb(cnt)
+    oks = run(
+        lambda p: _active_write_nb(
+            ts,
+            iid,
+            price,
+            size,
+            side,
+            keep,
+            bounds,
+            days,
+            cuts[p],
+            cuts[p + 1],
+            offsets[p],
+            o_ts,
+            o_px,
+            o_sz,
+            o_sg,
+            o_ss,
+            o_id,
+        )
+    )
+    ordered = all(oks) and all(o_ts[j] >= o_ts[j - 1] for j in offsets[1:-1] if 0 < j < cnt)
+    return o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered
+
+
+def check_trade_actions(where: Path | str, action: npt.NDArray[np.uint8]) -> None:
+    """FxDataError unless every record is a trade (action ``T``): a book file that reached the
+    trades path would otherwise turn its adds, cancels and modifies into trades."""
+    bad = np.flatnonzero(action != _ACTION_TRADE)
+    if bad.size:
+        i = int(bad[0])
+        codes = sorted({chr(int(c)) for c in np.unique(action[bad])})
+        raise FxDataError(
+            f"{where}: {bad.size} of {action.size} records are not trades (actions {codes}; first at "
+            f"row {i}, action {chr(int(action[i]))!r}); expected only 'T' in a trades file"
+        )
+
+
+def active_trades(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> ActiveTrades:
+    """Trades of each session's active contract with a defined positive price and size (and,
+    with ``after_ts``, ``ts_recv > after_ts`` only: a previous quarter's OFI warm-up tail).
+
+    One numba pass over the memory-mapped sidecar columns (session lookup, roll calendar,
+    filters) and one writing the kept trades: the only allocations are the outputs.
+    """
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
+    ts = cols["ts_recv"]
+    bounds, act, days = _active_table(calendar, ts)
+    o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_pass(
+        ts,
+        cols["instrument_id"],
+        cols["price"],
+        cols["size"],
+        cols["side"],
+        bounds,
+        act,
+        days,
+        np.iinfo(np.int64).min if after_ts is None else int(after_ts),
+    )
+    if not ordered:
+        raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
+    return ActiveTrades(
+        ts=o_ts,
+        price=o_px,
+        size=o_sz,
+        sign=o_sg,
+        session=o_ss,
+        instrument_id=o_id,
+        n_source=int(ts.shape[0]),
+        after_ts=after_ts,
+    )
+
+
+@dataclass(frozen=True)
+class TradeFlow:
+    """The part of :class:`ActiveTrades` that OFI reads: the same trades (``ts_recv`` order),
+    their size (contracts) and aggressor sign, without price, session and contract columns."""
+
+    ts: npt.NDArray[np.int64]
+    size: npt.NDArray[np.float64]
+    sign: npt.NDArray[np.int8]
+    n_source: int
+    after_ts: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _flow_write_nb(
+    ts: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    keep: npt.NDArray[np.bool_],
+    lo: int,
+    hi: int,
+    j: int,
+    o_ts: I64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+) -> bool:
+    """``_active_write_nb`` for ts, size and sign only (the same values)."""
+    j0 = j
+    ordered = True
+    for i in range(lo, hi):
+        if not keep[i]:
+            continue
+        t = ts[i]
+        if j > j0 and t < o_ts[j - 1]:
+            ordered = False
+        o_ts[j] = t
+        o_sz[j] = size[i]
+        c = side[i]
+        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        j += 1
+    return ordered
+
+
+@njit(cache=True)
+def _flow_outputs_nb(n: int) -> tuple[I64, F64, npt.NDArray[np.int8]]:
+    return np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int8)
+
+
+def active_trade_flow(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> TradeFlow:
+    """``active_trades`` reduced to what OFI reads (ts, size, sign): the same selection and
+    values, half the output to write."""
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    check_trade_actions(trades_sidecar, cols["action"])
+    ts = cols["ts_recv"]
+    bounds, act, _ = _active_table(calendar, ts)
+    n = int(ts.shape[0])
+    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    keep = _zeros_bool_nb(n)
+    after = np.iinfo(np.int64).min if after_ts is None else int(after_ts)
+
+    def run(fn: Callable[[int], _T]) -> list[_T]:
+        if parts == 1:
+            return [fn(0)]
+        with ThreadPoolExecutor(parts) as pool:
+            return list(pool.map(fn, range(parts)))
+
+    iid, price, size = cols["instrument_id"], cols["price"], cols["size"]
+    counts = run(
+        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
+    )
+    offsets = [0, *itertools.accumulate(counts)]
+    cnt = offsets[-1]
+    o_ts, o_sz, o_sg = _flow_outputs_nb(cnt)
+    side = cols["side"]
+    oks = run(
+        lambda p: _flow_write_nb(ts, size, side, keep, cuts[p], cuts[p + 1], offsets[p], o_ts, o_sz, o_sg)
+    )
+    ordered = all(oks) and all(o_ts[j] >= o_ts[j - 1] for j in offsets[1:-1] if 0 < j < cnt)
+    if not ordered:
+        raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
+    return TradeFlow(ts=o_ts, size=o_sz, sign=o_sg, n_source=n, after_ts=after_ts)

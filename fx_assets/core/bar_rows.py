@@ -1,0 +1,304 @@
+"""The bar row unit: one fxcache row per bar; one entry point per stage (no Dagster).
+
+Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
+:mod:`bar_features` and :mod:`ofi`, the parts shared with the snapshot row unit in
+:mod:`active_contract`, :mod:`book`, :mod:`ofi_warmup`, :mod:`page_release` and :mod:`mid_asof`.
+
+- ``quarter_bars``: bars of the active trades. Bar state resets at every session start, so a
+  quarter's bars never depend on another quarter.
+- ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
+  bars so that no bar of an interior quarter is dropped.
+- ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
+  quarter) are processed in chunks of about ``book_chunk`` book events; each chunk replays
+  enough earlier bars to rebuild every rolling state (at least ``ofi_warmup_bars``, and back to
+  a bar whose window holds a valid snapshot, which carries the book state), which gives the
+  sequential numbers, so peak memory is set by the chunk, not the quarter.
+- ``assemble_fxcache_columns``: the fxcache column groups of a quarter's bars (rows with an
+  undefined value dropped and counted).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from fx_assets.core import ofi as ofi_core
+from fx_assets.core.active_contract import ActiveTrades, TradeFlow, _active_table, contract_codes_of
+from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
+from fx_assets.core.bars import BarConfig, BarTable, build_bars
+from fx_assets.core.book import DEFAULT_BOOK_CHUNK, BookSource, _book_columns, _book_rows, _BookBuffers
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import ColumnBlock
+from fx_assets.core.mid_asof import book_mid_asof
+from fx_assets.core.ofi_warmup import _has_valid_snapshot, _replay_start, _warmup_first_bar
+from fx_assets.core.page_release import PageReleaser
+from fx_assets.core.roll import RollCalendar
+from fx_assets.core.sidecar import sidecar_columns
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+# A trade costs the OFI pass about 1/8 of a book event's memory (~50 B: its slice and the
+# kernel's cumulative sums, against ~500 B for ten levels of six float64 matrices), so a chunk
+# holds about ``book_chunk`` book events + trades / TRADE_WEIGHT: a quarter with a thin book
+# is still cut into bounded chunks.
+TRADE_WEIGHT = 8
+
+
+def quarter_bars(trades: ActiveTrades, config: BarConfig) -> BarTable:
+    return build_bars(
+        trades.ts, trades.price, trades.size, trades.sign, trades.session, trades.instrument_id, config
+    )
+
+
+# --- bar features ---------------------------------------------------------------------------
+
+
+def warmup_tail(previous: Sequence[BarTable], n: int) -> BarTable | None:
+    """The last ``n`` bars of the earlier quarters (oldest first in ``previous``)."""
+    tables = [b for b in previous if len(b)]
+    if not tables or n <= 0:
+        return None
+    joined = BarTable.concat(tables) if len(tables) > 1 else tables[0]
+    start = max(len(joined) - n, 0)
+    return joined.slice(start, len(joined))
+
+
+def quarter_bar_features(
+    bars: BarTable, previous: Sequence[BarTable], config: BarFeatureConfig
+) -> FeatureTable:
+    """Features of ``bars`` warmed up from the previous quarters' last ``max_window`` bars."""
+    return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
+
+
+def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return ofi_core.OfiFeatures(
+        ts_close=np.concatenate([p.ts_close for p in parts]),
+        bars_since_reset=np.concatenate([p.bars_since_reset for p in parts]),
+        columns={k: np.concatenate([p.columns[k] for p in parts]) for k in first.columns},
+        config=first.config,
+        tick_size=first.tick_size,
+        meta=dict(first.meta),
+    )
+
+
+def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
+    """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
+    when one source holds them, else a copy of only those trades (no prices: OFI reads none)."""
+    spans = [
+        (t, int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
+        for t in sources
+    ]
+    got = [g for g in spans if g[2] > g[1]]
+    if len(got) <= 1:
+        t, lo, hi = got[0] if got else spans[-1]
+        return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
+    ts, size, sign = (
+        np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got]) for f in ("ts", "size", "sign")
+    )
+    return ofi_core.TradeArrays(ts, None, size, sign)
+
+
+def quarter_ofi(
+    bars: BarTable,
+    trades: ActiveTrades | TradeFlow,
+    book: BookSource,
+    config: ofi_core.OfiConfig,
+    *,
+    prev_bars: BarTable | None = None,
+    prev_trades: ActiveTrades | TradeFlow | None = None,
+    prev_book: BookSource | None = None,
+    book_chunk: int = DEFAULT_BOOK_CHUNK,
+    partition: str = "?",
+) -> ofi_core.OfiFeatures:
+    """OFI features of ``bars`` (one quarter), warmed up from the previous quarter's tail.
+
+    The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
+    quarter's; it is cut into chunks of about ``book_chunk`` events (book events plus trades /
+    ``TRADE_WEIGHT``), and each chunk after the first replays the ``ofi_warmup_bars`` bars
+    before it, so every chunk starts from the state the sequential pass would have. Both
+    replays reach further back where needed to hold a valid book snapshot (see
+    :func:`_replay_start`). Only the events of a chunk's bars are materialised: the sidecar
+    columns are memory-mapped views, and the trades of a chunk are slices of ``trades`` /
+    ``prev_trades`` (of the previous quarter only its warm-up tail is ever touched).
+    """
+    levels = config.levels
+    names = _book_columns(levels)
+    book_cols = sidecar_columns(book.path, names)
+    if book_cols["ts_recv"].size == 0:
+        raise FxDataError(f"OFI {partition}: the MBP-10 sidecar {book.path} holds no book records")
+    tick = config.tick_size
+    tick_units = round(tick * 1e9)
+    sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
+    trade_sources: list[ActiveTrades | TradeFlow] = []
+    n_warm = 0
+    before_first: int | None = None  # close of the bar before bar 0 of the bar list
+    if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
+        sources.append((prev_book, sidecar_columns(prev_book.path, names)))
+        n_prev = len(prev_bars)
+        k = _warmup_first_bar(prev_bars, sources[0], config)
+        n_warm = n_prev - k
+        all_bars = BarTable.concat([prev_bars.slice(k, n_prev), bars])
+        before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
+        if prev_trades.after_ts is not None and (before_first is None or prev_trades.after_ts > before_first):
+            raise FxDataError(
+                f"OFI {partition}: prev_trades were loaded after ts_recv {prev_trades.after_ts}, but the "
+                f"warm-up needs them after {before_first} (use ofi_warmup_start with the same bars, book "
+                "and config)"
+            )
+        trade_sources.append(prev_trades)
+    else:
+        all_bars = bars
+    trade_sources.append(trades)
+    sources.append((book, book_cols))
+    ts_close = all_bars.ts_close
+    inst = all_bars.instrument_id
+    n_all = len(ts_close)
+
+    def close_before(j: int) -> int | None:
+        return int(ts_close[j - 1]) if j > 0 else before_first
+
+    has_snap = _has_valid_snapshot(sources, ts_close, before_first)
+
+    # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
+    # differences are used, so the previous quarter's events before the warm-up cancel out.
+    cum = np.zeros(n_all, dtype=np.int64)
+    for _, c in sources:
+        cum += np.searchsorted(c["ts_recv"], ts_close, side="right")
+    for t in trade_sources:
+        cum += np.searchsorted(t.ts, ts_close, side="right") // TRADE_WEIGHT
+    bounds = [n_warm]
+    while bounds[-1] < n_all:
+        start = bounds[-1]
+        base = int(cum[start - 1]) if start > 0 else 0
+        nxt = int(np.searchsorted(cum, base + book_chunk, side="right"))
+        bounds.append(min(max(nxt, start + 1), n_all))
+    del cum
+
+    outs: list[ofi_core.OfiFeatures] = []
+    buffers = _BookBuffers()
+    tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
+    releasers = [PageReleaser(list(c.values())) for _, c in sources]
+    for b0, b1 in itertools.pairwise(bounds):
+        w0 = (
+            0
+            if b0 == n_warm
+            else _replay_start(b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config), has_snap, inst)
+        )
+        t_start = close_before(w0)
+        lo_t = t_start if t_start is not None else int(np.iinfo(np.int64).min)
+        hi_t = int(ts_close[b1 - 1])
+        parts = []
+        for (src, c), rel in zip(sources, releasers, strict=True):
+            lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
+            hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
+            parts.append((src, c, lo, hi))
+            rel.release_before(lo)  # later chunks start at or after this window
+        book_arr = _book_rows(parts, levels, tick_units, buffers, tables)
+        outs.append(
+            ofi_core.compute_ofi_features(
+                book_arr,
+                _trade_slices(trade_sources, lo_t, hi_t),
+                ts_close[w0:b1],
+                inst[w0:b1],
+                config,
+                tick_size=tick,
+                n_warmup=b0 - w0,
+                ts_window_start=t_start,
+                partition=partition,
+            )
+        )
+        del book_arr
+    if not outs:  # a quarter without bars
+        return ofi_core.compute_ofi_features(
+            _book_rows([], levels),
+            _trade_slices(trade_sources, 0, 0),
+            ts_close[:0],
+            inst[:0],
+            config,
+            tick_size=tick,
+            partition=partition,
+        )
+    return _concat_ofi(outs)
+
+
+# --- fxcache assembly -----------------------------------------------------------------------
+
+
+def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
+    """Per bar, the contract's expiry as ``yyyymm`` (or the instrument id when the expiry is
+    unknown): trainers use it to keep labels from spanning a roll."""
+    return contract_codes_of(calendar)(bars.instrument_id)
+
+
+def _all_finite_rows(cols: Sequence[np.ndarray], n: int) -> npt.NDArray[np.bool_]:
+    """Per row: is every column's value finite (True for no columns)."""
+    ok = np.ones(n, dtype=np.bool_)
+    fin = np.empty(n, dtype=np.bool_)
+    for c in cols:
+        np.isfinite(c, out=fin)
+        ok &= fin
+    return ok
+
+
+PRICE_COLUMNS = ("open", "high", "low", "close", "vwap", "mid_open", "contract")
+
+
+def assemble_fxcache_columns(
+    bars: BarTable,
+    features: FeatureTable,
+    ofi: ofi_core.OfiFeatures,
+    book: BookSource,
+) -> tuple[npt.NDArray[np.int64], dict[str, tuple[list[str], ColumnBlock]], dict[str, int]]:
+    """(ts_close, {group: (names, values)}, dropped-row counts) for ``write_fxcache``; each
+    group's values a :class:`fxcache.ColumnBlock` (its columns and the kept rows, not stacked).
+
+    Rows with any undefined value are dropped and counted: the first quarter's warm-up and the
+    bars right after a roll, where the OFI state was reset (VPIN, Kyle λ, deltas). Nothing
+    forward-looking is included: prices are the bar's own, the mid is as of the bar's open.
+    """
+    n = len(bars)
+    if len(features) != n or len(ofi) != n:
+        raise FxDataError(
+            f"fxcache: bars ({n}), bar_features ({len(features)}) and ofi_features ({len(ofi)}) differ in length"
+        )
+    if not (np.array_equal(features.ts_close, bars.ts_close) and np.array_equal(ofi.ts_close, bars.ts_close)):
+        raise FxDataError("fxcache: bars, bar_features and ofi_features are not aligned on ts_close")
+    price_cols = [
+        bars.open,
+        bars.high,
+        bars.low,
+        bars.close,
+        bars.vwap,
+        book_mid_asof(book, bars.ts_open, instrument_id=bars.instrument_id),
+        contract_codes(bars, book.calendar),
+    ]
+    f_names = list(features.columns)
+    o_names = list(ofi.columns)
+    f_cols = [np.asarray(features.columns[k]) for k in f_names]
+    o_cols = [np.asarray(ofi.columns[k]) for k in o_names]
+    ok_f = _all_finite_rows(f_cols, n)
+    ok_o = _all_finite_rows(o_cols, n)
+    ok_p = _all_finite_rows(price_cols, n)
+    keep = ok_f & ok_o & ok_p
+    n_drop = int((~keep).sum())
+    dropped = {
+        "bar_features_undefined": int((~ok_f).sum()),
+        "ofi_undefined": int((~ok_o).sum()),
+        "no_book_at_open": int((~ok_p).sum()),
+        "total": n_drop,
+    }
+    # The kept rows are selected as the writer copies each column into the file: no stacked
+    # [n, k] group and no boolean-indexed copy of one.
+    rows = np.flatnonzero(keep) if n_drop else None
+    groups: dict[str, tuple[list[str], ColumnBlock]] = {
+        "feature": (f_names, ColumnBlock(f_cols, n, rows)),
+        "price": (list(PRICE_COLUMNS), ColumnBlock(price_cols, n, rows)),
+        "ofi": (o_names, ColumnBlock(o_cols, n, rows)),
+    }
+    return bars.ts_close[keep], groups, dropped

@@ -1,0 +1,407 @@
+"""The snapshot row unit: one fxcache row per MBP-10 update of the active contract (no Dagster).
+
+The counterpart of :mod:`bar_rows` (one row per bar); it shares active-contract selection
+(:mod:`active_contract`), book gathering (:mod:`book`) and page release (:mod:`page_release`)
+with it. The features are :mod:`snapshot_features`'s; this module decides which records are
+rows, feeds them to that scan chunk by chunk, joins the bar context and writes the fxcache.
+
+Rows (reference/snapshot.md §0): the MBP-10 records, in ``ts_recv`` order, of the session's
+active contract after the roll calendar (halts, spreads and other contracts excluded), with
+``F_LAST`` set (the records before it show a half-applied event) and a best bid and ask that
+are both present and not crossed (the scan's precondition). ``ts_recv`` is the row timestamp.
+Each excluded class is counted.
+
+Columns:
+
+- ``feature`` group: ``feature_names(cfg)`` of :mod:`snapshot_features` (the row's book, its
+  event-time flow and clocks), then ``bar_<name>`` for each bar feature of the last bar closed
+  strictly before the row (:func:`snapshot_features.last_closed_bar`: bar j is closed for row n
+  when the first row with ``ts_recv >= ts_close_j`` precedes n; an equal ``ts_recv`` after
+  that row counts, the row itself does not).
+- ``price`` group (f64, exact): ``mid`` = (best bid + best ask) / 2 in index points (on the
+  half-tick grid, what :mod:`snapshot_labels` reads), ``session`` (the CME session day, days
+  since the epoch) and ``contract`` (expiry ``yyyymm``, or the instrument id when unknown): the
+  ids from which ``snapshot_labels.running_breaks`` finds the session breaks and rolls that no
+  label may span.
+
+A row whose bar context is undefined (no bar of the quarter closed before it yet, or a bar
+whose features are still in their warm-up, NaN) is dropped and counted, as the bar row unit
+drops rows with undefined values; the feature scan still runs over it, so dropping changes no
+other row. Everything in a row reads records ``<= `` the row only.
+
+Two passes over the memory-mapped sidecar: :func:`plan_snapshot_rows` counts the rows and
+finds each bar's closing row (no per-record array), so the fxcache writer knows its row count
+up front; :func:`iter_snapshot_rows` then yields the kept rows ``chunk`` records at a time with
+the scan's state carried across chunks. Memory is bounded by the chunk, not the quarter, and
+the chunk size changes no value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from fx_assets.core.active_contract import _active_table, contract_codes_of
+from fx_assets.core.bar_features import FeatureTable
+from fx_assets.core.bars import BarTable
+from fx_assets.core.book import _BOOK_FIELDS, BookSource, _BookBuffers, _gather_book_nb
+from fx_assets.core.calendar import interval_of
+from fx_assets.core.dbn import UNDEF_PRICE
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import DType, FxCacheWriter
+from fx_assets.core.page_release import PageReleaser
+from fx_assets.core.sidecar import sidecar_columns
+from fx_assets.core.snapshot_features import (
+    SnapshotBook,
+    SnapshotFeatureConfig,
+    SnapshotState,
+    feature_names,
+    last_closed_bar,
+    new_state,
+    snapshot_features,
+)
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+F_LAST = 128  # DBN flag: the last record of the venue's event for the instrument
+SNAPSHOT_PRICE_COLUMNS = ("mid", "session", "contract")
+DEFAULT_SNAPSHOT_CHUNK = 1 << 18  # MBP-10 records per chunk (~0.3 GB of chunk buffers)
+_PLAN_BLOCK = 1 << 22  # records per block of the planning pass (its pages are released after it)
+_SIDE_SIGN = np.zeros(256, np.int8)  # side byte -> aggressor sign (dbn.aggressor_sign)
+_SIDE_SIGN[ord("B")], _SIDE_SIGN[ord("A")] = 1, -1
+# excluded-record counters of the planning pass
+_C_INACTIVE, _C_NOT_LAST, _C_NO_TOUCH = 0, 1, 2
+
+
+@njit(cache=True, inline="always")
+def _row_of(
+    t: int, iid: int, flags: int, b: int, a: int, bounds: I64, act: I64, k: int
+) -> tuple[int, int, int]:
+    """(0 = a row, else 1 + the excluded class; session slot or -1; interval index for the next
+    call): the one predicate both passes apply."""
+    k = interval_of(bounds, t, k)
+    if not (k & 1):
+        return 1 + _C_INACTIVE, -1, k
+    s = (k - 1) >> 1
+    if act[s] < 0 or iid != act[s]:
+        return 1 + _C_INACTIVE, -1, k
+    if not (flags & F_LAST):
+        return 1 + _C_NOT_LAST, -1, k
+    if b == UNDEF_PRICE or a == UNDEF_PRICE or b <= 0 or b > a:
+        return 1 + _C_NO_TOUCH, -1, k
+    return 0, s, k
+
+
+# planning-pass state carried from block to block
+_P_ROWS, _P_BAR, _P_K, _P_LAST_TS, _P_BAD = 0, 1, 2, 3, 4
+
+
+@njit(cache=True, nogil=True)
+def _plan_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    flags: npt.NDArray[np.uint8],
+    bid: I64,
+    ask: I64,
+    bounds: I64,
+    act: I64,
+    ts_close: I64,
+    lo: int,
+    hi: int,
+    close_rows: I64,
+    counts: I64,
+    st: I64,
+) -> None:
+    """Records ``[lo, hi)``: count the rows (``st[_P_ROWS]``), set each bar's closing row
+    ``close_rows[j]`` = the number of rows with ``ts_recv < ts_close[j]`` (the first row at or
+    after its close) once a row reaches it, count the excluded records per class, and note the
+    first record out of ``ts_recv`` order (``st[_P_BAD]``, -1: none). State in ``st``."""
+    nb = ts_close.shape[0]
+    n = st[_P_ROWS]
+    jb = st[_P_BAR]
+    k = st[_P_K]
+    last = st[_P_LAST_TS]
+    for i in range(lo, hi):
+        t = ts[i]
+        if t < last and st[_P_BAD] < 0:
+            st[_P_BAD] = i
+        last = t
+        why, _, k = _row_of(t, int(iid[i]), int(flags[i]), bid[i], ask[i], bounds, act, k)
+        if why:
+            counts[why - 1] += 1
+            continue
+        while jb < nb and ts_close[jb] <= t:
+            close_rows[jb] = n
+            jb += 1
+        n += 1
+    st[_P_ROWS] = n
+    st[_P_BAR] = jb
+    st[_P_K] = k
+    st[_P_LAST_TS] = last
+
+
+@njit(cache=True, nogil=True)
+def _select_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    flags: npt.NDArray[np.uint8],
+    bid: I64,
+    ask: I64,
+    bounds: I64,
+    act: I64,
+    lo: int,
+    hi: int,
+    idx: I64,
+    slot: I64,
+) -> int:
+    """Record numbers of the rows in ``[lo, hi)`` into ``idx`` and their session slots into
+    ``slot``; their count."""
+    m = 0
+    k = 0
+    for i in range(lo, hi):
+        why, s, k = _row_of(ts[i], int(iid[i]), int(flags[i]), bid[i], ask[i], bounds, act, k)
+        if why == 0:
+            idx[m] = i
+            slot[m] = s
+            m += 1
+    return m
+
+
+def _book_names(levels: int) -> list[str]:
+    return ["ts_recv", "instrument_id", "flags", "action", "side", "size"] + [
+        f"{f}_{i:02d}" for f in _BOOK_FIELDS for i in range(levels)
+    ]
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What the first pass found: the rows, the bar context and what is dropped."""
+
+    n_selected: int  # rows the scan runs over
+    close_rows: I64  # per bar: its closing row (see the module docstring)
+    bar_names: list[str]  # bar feature columns, as stored (``bar_<name>``)
+    bar_values: F64  # [n_bars, len(bar_names)]
+    bar_ok: npt.NDArray[np.bool_]  # per bar: every context value finite
+    n_rows: int  # rows kept (written)
+    counts: dict[str, int] = field(default_factory=dict)  # excluded records and dropped rows
+
+    def context(self, row0: int, m: int) -> tuple[npt.NDArray[np.bool_], I64]:
+        """(kept mask, last closed bar, clipped to 0 where none) of rows ``row0 .. row0 + m - 1``
+        (:func:`snapshot_features.last_closed_bar`)."""
+        j = last_closed_bar(self.close_rows, m, row0)
+        has = j >= 0
+        jj = np.where(has, j, 0)
+        ok = has & self.bar_ok[jj] if self.bar_ok.size else has
+        return ok, jj
+
+
+def _bar_block(bars: BarTable, features: FeatureTable) -> tuple[list[str], F64]:
+    if len(features) != len(bars) or not np.array_equal(features.ts_close, bars.ts_close):
+        raise FxDataError(
+            f"snapshot rows: bars ({len(bars)}) and bar_features ({len(features)}) are not aligned on ts_close"
+        )
+    names = list(features.columns)
+    values = np.empty((len(bars), len(names)))
+    for c, k in enumerate(names):
+        values[:, c] = features.columns[k]
+    return [f"bar_{k}" for k in names], values
+
+
+def plan_snapshot_rows(
+    book: BookSource, bars: BarTable, bar_features: FeatureTable, *, partition: str = "?"
+) -> SnapshotPlan:
+    """First pass: count the rows of ``book`` and place each bar's close among them."""
+    cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "flags", "bid_px_00", "ask_px_00"])
+    ts = cols["ts_recv"]
+    tc = np.ascontiguousarray(bars.ts_close, dtype=np.int64)
+    if tc.size > 1 and bool(np.any(tc[1:] < tc[:-1])):
+        raise FxDataError(f"snapshot rows {partition}: bars are not in ts_close order")
+    bar_names, bar_values = _bar_block(bars, bar_features)
+    bounds, act, _ = _active_table(book.calendar, ts)
+    close_rows = np.zeros(tc.shape[0], np.int64)
+    excluded = np.zeros(3, np.int64)
+    st = np.array([0, 0, 0, np.iinfo(np.int64).min, -1], dtype=np.int64)
+    releaser = PageReleaser(list(cols.values()))  # the scan's resident set stays one block
+    for lo in range(0, ts.shape[0], _PLAN_BLOCK):
+        hi = min(ts.shape[0], lo + _PLAN_BLOCK)
+        _plan_nb(
+            ts, cols["instrument_id"], cols["flags"], cols["bid_px_00"], cols["ask_px_00"], bounds, act, tc,
+            lo, hi, close_rows, excluded, st,
+        )  # fmt: skip
+        releaser.release_before(hi)
+    if st[_P_BAD] >= 0:
+        raise FxDataError(
+            f"snapshot rows {partition}: {book.path} is not in ts_recv order at record {int(st[_P_BAD])}"
+        )
+    n = int(st[_P_ROWS])
+    close_rows[int(st[_P_BAR]) :] = n  # bars closing after the last row
+    bar_ok: npt.NDArray[np.bool_] = np.asarray(np.isfinite(bar_values).all(axis=1), dtype=np.bool_)
+    # rows whose last closed bar is j: (close_rows[j], close_rows[j + 1]] (the last bar: to the end)
+    ends = np.append(close_rows[1:], n - 1) if tc.size else np.empty(0, np.int64)
+    spans = np.clip(np.minimum(ends, n - 1) - close_rows, 0, None)
+    kept = int(spans[bar_ok].sum())
+    before_first = int(min(close_rows[0] + 1, n)) if tc.size else n
+    counts = {
+        "records": int(ts.shape[0]),
+        "inactive_or_other_contract": int(excluded[_C_INACTIVE]),
+        "not_last_in_event": int(excluded[_C_NOT_LAST]),
+        "no_or_crossed_touch": int(excluded[_C_NO_TOUCH]),
+        "rows_scanned": int(n),
+        "dropped_no_closed_bar": before_first,
+        "dropped_bar_features_undefined": int(n - kept - before_first),
+        "rows": kept,
+    }
+    return SnapshotPlan(n, close_rows, bar_names, bar_values, bar_ok, kept, counts)
+
+
+@dataclass(frozen=True)
+class SnapshotChunk:
+    """Kept rows of one chunk: ``ts`` [m], ``features`` [m, F] (snapshot then bar context),
+    ``prices`` [m, 3] (``SNAPSHOT_PRICE_COLUMNS``, f64), and their scan row numbers."""
+
+    ts: I64
+    features: F64
+    prices: F64
+    rows: I64
+
+
+def iter_snapshot_rows(
+    book: BookSource,
+    plan: SnapshotPlan,
+    cfg: SnapshotFeatureConfig,
+    *,
+    chunk: int = DEFAULT_SNAPSHOT_CHUNK,
+    state: SnapshotState | None = None,
+) -> Iterator[SnapshotChunk]:
+    """Second pass: the kept rows, ``chunk`` sidecar records at a time (state carried). The
+    arrays of a yielded chunk are reused for the next one: consume (or copy) each before
+    asking for the next."""
+    levels = cfg.levels
+    c = sidecar_columns(book.path, _book_names(levels))
+    ts = c["ts_recv"]
+    bounds, act, days = _active_table(book.calendar, ts)
+    # per session slot: its day and its active contract's code (rows only occur in active slots)
+    slot_day = days.astype(np.float64)
+    slot_code = contract_codes_of(book.calendar)(np.where(act >= 0, act, 0).astype(np.uint32))
+    tick_units = round(cfg.tick_size * 1e9)
+    st = new_state(cfg) if state is None else state
+    buffers = _BookBuffers()
+    releaser = PageReleaser(list(c.values()))
+    bpx, apx, bsz, asz, bct, act_ = (tuple(c[f"{f}_{i:02d}"] for i in range(levels)) for f in _BOOK_FIELDS)
+    chunk = max(1, int(chunk))
+    idx_buf = np.empty(min(chunk, max(ts.shape[0], 1)), np.int64)
+    slot_buf = np.empty_like(idx_buf)
+    row0 = 0
+    last_slot, n_breaks = np.int64(-1), np.int64(0)
+    # Output blocks reused from chunk to chunk (a fresh block per chunk would fault in every
+    # page again): a yielded chunk is valid until the next one is requested.
+    chunk_cap = int(idx_buf.shape[0])
+    out_block = np.empty((0, 0))
+    out_prices = np.empty((0, len(SNAPSHOT_PRICE_COLUMNS)))
+    for lo in range(0, ts.shape[0], chunk):
+        hi = min(ts.shape[0], lo + chunk)
+        m = _select_nb(
+            ts, c["instrument_id"], c["flags"], c["bid_px_00"], c["ask_px_00"], bounds, act, lo, hi,
+            idx_buf, slot_buf,
+        )  # fmt: skip
+        if m == 0:
+            releaser.release_before(hi)
+            continue
+        idx, slot = idx_buf[:m], slot_buf[:m]
+        o_ts, mats = buffers.take(m, levels)
+        rank, pos = _gather_book_nb(
+            idx, ts, bpx, apx, bsz, asz, bct, act_, tick_units, 0, o_ts, mats[0], mats[1], mats[2], mats[3],
+            mats[4], mats[5],
+        )  # fmt: skip
+        if rank >= 0:
+            side_, lvl = divmod(int(rank), levels)
+            name = f"{('bid_px', 'ask_px')[side_]}_{lvl:02d}"
+            r = int(idx[pos])
+            raise FxDataError(
+                f"{book.path}: {name} = {int(c[name][r]) * 1e-9!r} at record {r} (ts_recv {int(ts[r])}) "
+                f"is off the {cfg.tick_size:g} tick grid (SnapshotFeatureConfig.tick_size)"
+            )
+        # A row is its session's active contract, so its session slot fixes its day, contract
+        # and contract code; the break count (+1 at every change of session or contract, the
+        # first row too) moves exactly where the slot does.
+        change = np.empty(m, np.int64)
+        change[0] = slot[0] != last_slot
+        np.not_equal(slot[1:], slot[:-1], out=change[1:])
+        breaks = n_breaks + np.cumsum(change)
+        last_slot, n_breaks = slot[m - 1], breaks[-1]
+        side = _SIDE_SIGN[c["side"][idx]]
+        snap = SnapshotBook(
+            ts=o_ts, breaks=breaks, action=c["action"][idx], side=side,
+            size=c["size"][idx].astype(np.float64), bid_px=mats[0], ask_px=mats[1], bid_sz=mats[2],
+            ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
+        )  # fmt: skip
+        feats, st = snapshot_features(snap, cfg, st)
+        keep, jj = plan.context(row0, m)
+        n_keep = int(np.count_nonzero(keep))
+        if n_keep:
+            # one row-major block per chunk: the scan's columns, then the bar context (the
+            # bar features of each row's last closed bar, gathered straight into place)
+            nf = feats.shape[1]
+            width = nf + plan.bar_values.shape[1]
+            if out_block.shape[0] < m or out_block.shape[1] != width:
+                out_block = np.empty((max(m, chunk_cap), width))
+                out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
+            block, prices = out_block[:m], out_prices[:m]
+            block[:, :nf] = feats
+            np.take(plan.bar_values, jj, axis=0, out=block[:, nf:])
+            np.add(mats[0][:, 0], mats[1][:, 0], out=prices[:, 0])
+            prices[:, 0] /= 2.0
+            np.take(slot_day, slot, out=prices[:, 1])
+            np.take(slot_code, slot, out=prices[:, 2])
+            rows = np.arange(row0, row0 + m, dtype=np.int64)
+            if n_keep == m:  # the usual chunk: nothing dropped, no copies
+                yield SnapshotChunk(ts=o_ts, features=block, prices=prices, rows=rows)
+            else:
+                yield SnapshotChunk(ts=o_ts[keep], features=block[keep], prices=prices[keep], rows=rows[keep])
+        row0 += m
+        releaser.release_before(hi)
+    if row0 != plan.n_selected:
+        raise FxDataError(f"{book.path}: {row0} snapshot rows, the plan counted {plan.n_selected}")
+
+
+def snapshot_feature_columns(cfg: SnapshotFeatureConfig, plan: SnapshotPlan) -> list[str]:
+    """The ``feature`` group's columns: the snapshot features, then the bar context."""
+    return [*feature_names(cfg), *plan.bar_names]
+
+
+def write_snapshot_fxcache(
+    path: Path | str,
+    book: BookSource,
+    bars: BarTable,
+    bar_features: FeatureTable,
+    cfg: SnapshotFeatureConfig,
+    dtype: DType,
+    cache_key: bytes,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    chunk: int = DEFAULT_SNAPSHOT_CHUNK,
+    partition: str = "?",
+) -> dict[str, int]:
+    """The snapshot row unit's fxcache stage: plan, scan and write the quarter's rows
+    incrementally (:class:`fxcache.FxCacheWriter`) and atomically; returns the row counts
+    (also in the file's meta under ``rows``)."""
+    plan = plan_snapshot_rows(book, bars, bar_features, partition=partition)
+    if plan.n_rows == 0:
+        raise FxDataError(f"snapshot rows {partition}: {book.path} gives no rows (counts {plan.counts})")
+    names = {
+        "feature": snapshot_feature_columns(cfg, plan),
+        "price": list(SNAPSHOT_PRICE_COLUMNS),
+    }
+    head = {**dict(meta or {}), "row_unit": "snapshot"}
+    with FxCacheWriter(path, names, dtype, cache_key, plan.n_rows, head, chunk_rows=1 << 16) as w:
+        for ch in iter_snapshot_rows(book, plan, cfg, chunk=chunk):
+            w.append(ch.ts, {"feature": ch.features, "price": ch.prices})
+        w.finish({"rows": plan.counts})
+    return plan.counts

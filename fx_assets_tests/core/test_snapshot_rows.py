@@ -1,0 +1,301 @@
+"""The snapshot row unit's data path (core/snapshot_rows.py) on a tiny synthetic ES quarter with
+a roll, through real DBN files and sidecars: which records are rows, the bar context join,
+chunk independence, causality (alteration after T, and the raw data cut at T) and the fxcache
+file it writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fx_assets.core import snapshot_rows as sr
+from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
+from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable
+from fx_assets.core.bar_rows import quarter_bar_features, quarter_bars
+from fx_assets.core.bars import BarConfig, BarTable
+from fx_assets.core.book import BookSource
+from fx_assets.core.calendar import session_day
+from fx_assets.core.causality import truncate_sidecar
+from fx_assets.core.contracts import is_spread
+from fx_assets.core.errors import FxDataError
+from fx_assets.core.fxcache import DType, describe_fxcache, open_fxcache
+from fx_assets.core.roll import RollCalendar
+from fx_assets.core.sidecar import ensure_sidecar, open_sidecar, read_symbol_map, sidecar_columns
+from fx_assets.core.snapshot_features import SnapshotFeatureConfig, feature_names
+from fx_assets.core.snapshot_labels import running_breaks
+from fx_assets_tests.conftest import make_market
+
+Q = "2024-Q1"  # holds the March roll
+KEY = bytes(range(32))
+CFG = SnapshotFeatureConfig(flow_windows=[10, 50], trade_windows=[10], drift_windows=[10, 100])
+
+
+@dataclass(frozen=True)
+class Quarter:
+    trades: Path
+    book: BookSource
+    calendar: RollCalendar
+    bars: BarTable
+    features: FeatureTable
+
+
+def _bars_and_features(
+    trades: Path, cal: RollCalendar, drop_open_last: bool = False
+) -> tuple[BarTable, FeatureTable]:
+    bars = quarter_bars(active_trades(trades, cal), BarConfig())
+    if drop_open_last and len(bars) and bool(bars.forced_close[-1]):
+        bars = bars.slice(0, len(bars) - 1)  # the input's partial last bar: not a closed bar
+    return bars, quarter_bar_features(bars, [], BarFeatureConfig())
+
+
+@pytest.fixture(scope="module")
+def quarter(tmp_path_factory: pytest.TempPathFactory) -> Quarter:
+    tmp = tmp_path_factory.mktemp("snaprows")
+    root = make_market(tmp / "market", f"{Q}:{Q}", scale=0.003, seed=7)
+    tr = ensure_sidecar(
+        root / "raw" / "trades" / "ES.FUT" / f"ES.FUT_{Q}.dbn.zst", tmp / "sc" / "trades"
+    ).path
+    bk = ensure_sidecar(
+        root / "raw" / "mbp-10" / "ES.FUT" / f"ES.FUT_{Q}.dbn.zst", tmp / "sc" / "mbp-10"
+    ).path
+    cal = quarter_roll_calendar(tr, None)
+    bars, feats = _bars_and_features(tr, cal)
+    return Quarter(tr, BookSource(bk, cal), cal, bars, feats)
+
+
+def rows_of(
+    q: Quarter, book: BookSource | None = None, chunk: int = 7919, bars=None, feats=None
+) -> sr.SnapshotChunk:
+    book = book or q.book
+    plan = sr.plan_snapshot_rows(
+        book, q.bars if bars is None else bars, q.features if feats is None else feats
+    )
+    parts = [  # a chunk's arrays are reused for the next: copy each as it comes
+        sr.SnapshotChunk(p.ts.copy(), p.features.copy(), p.prices.copy(), p.rows.copy())
+        for p in sr.iter_snapshot_rows(book, plan, CFG, chunk=chunk)
+    ]
+    assert sum(len(p.ts) for p in parts) == plan.n_rows
+    return sr.SnapshotChunk(
+        ts=np.concatenate([p.ts for p in parts]),
+        features=np.concatenate([p.features for p in parts]),
+        prices=np.concatenate([p.prices for p in parts]),
+        rows=np.concatenate([p.rows for p in parts]),
+    )
+
+
+def reference_rows(book: BookSource) -> np.ndarray:
+    """Record numbers of the rows, by the numpy definition: the session's active contract,
+    F_LAST set, both touches present and not crossed."""
+    c = sidecar_columns(book.path, ["ts_recv", "instrument_id", "flags", "bid_px_00", "ask_px_00"])
+    days = session_day(c["ts_recv"])
+    iid, known = book.calendar.active_instrument(days)
+    b, a = c["bid_px_00"].astype(np.int64), c["ask_px_00"].astype(np.int64)
+    undef = np.iinfo(np.int64).max
+    ok = (days >= 0) & known & (c["instrument_id"] == iid) & ((c["flags"] & 128) != 0)
+    ok &= (b != undef) & (a != undef) & (b > 0) & (b <= a)
+    return np.flatnonzero(ok)
+
+
+def test_rows_are_the_active_outright_contracts_last_records(quarter: Quarter) -> None:
+    ref = reference_rows(quarter.book)
+    c = sidecar_columns(quarter.book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
+    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    assert plan.n_selected == ref.size
+    assert len(np.unique(c["instrument_id"])) >= 2  # the book holds more than the active contract
+    got = rows_of(quarter)
+    np.testing.assert_array_equal(got.ts, c["ts_recv"][ref][got.rows])
+    mid = (c["bid_px_00"][ref] / 1e9 + c["ask_px_00"][ref] / 1e9) / 2
+    np.testing.assert_array_equal(got.prices[:, 0], mid[got.rows])  # exact f64 mid
+    np.testing.assert_array_equal(got.prices[:, 1], session_day(got.ts))
+    codes = np.unique(got.prices[:, 2])
+    assert codes.size == 2 and set(codes) <= {202403.0, 202406.0}  # the roll is crossed
+    # the break count the labels use changes at every session and at the roll
+    breaks = running_breaks(got.prices[:, 1], got.prices[:, 2])
+    assert breaks[-1] == np.count_nonzero(np.diff(got.prices[:, 1]) != 0) + np.count_nonzero(
+        (np.diff(got.prices[:, 2]) != 0) & (np.diff(got.prices[:, 1]) == 0)
+    )
+    n = plan.counts
+    assert (
+        n["rows_scanned"]
+        == n["records"] - n["inactive_or_other_contract"] - n["not_last_in_event"] - n["no_or_crossed_touch"]
+    )
+    assert (
+        n["rows"]
+        == plan.n_rows
+        == n["rows_scanned"] - n["dropped_no_closed_bar"] - n["dropped_bar_features_undefined"]
+    )
+    assert n["dropped_bar_features_undefined"] > 0  # the first quarter's bar-feature warm-up
+
+
+def _rewrite_sidecar(src: Path, dest: Path, edit: Callable[[dict[str, np.ndarray]], None]) -> Path:
+    table = open_sidecar(src)
+    cols = {name: np.array(table.column(name).to_numpy()) for name in table.schema.names}
+    edit(cols)
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if b"checksum" not in k}
+    out = pa.Table.from_arrays([pa.array(cols[n], type=table.schema.field(n).type) for n in table.schema.names],
+                               names=table.schema.names).replace_schema_metadata(meta)  # fmt: skip
+    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
+        w.write_batch(out.combine_chunks().to_batches(max_chunksize=max(out.num_rows, 1))[0])
+    return dest
+
+
+def test_spreads_and_inactive_contracts_never_become_rows(quarter: Quarter, tmp_path: Path) -> None:
+    """Records relabelled as a calendar spread (or a contract that is never active) vanish
+    from the rows; nothing else changes."""
+    spread = next(s.instrument_id for s in read_symbol_map(quarter.trades) if is_spread(s.raw_symbol))
+    ref = reference_rows(quarter.book)
+    hit = ref[::97]
+
+    def relabel(cols: dict[str, np.ndarray]) -> None:
+        cols["instrument_id"][hit[::2]] = spread
+        cols["instrument_id"][hit[1::2]] = 4_000_000_000
+
+    alt = BookSource(_rewrite_sidecar(quarter.book.path, tmp_path / "alt.arrow", relabel), quarter.calendar)
+    plan = sr.plan_snapshot_rows(alt, quarter.bars, quarter.features)
+    assert plan.n_selected == ref.size - hit.size
+    np.testing.assert_array_equal(reference_rows(alt), np.setdiff1d(ref, hit))
+
+
+def test_chunk_size_changes_no_value(quarter: Quarter, tmp_path: Path) -> None:
+    a = rows_of(quarter, chunk=1 << 30)
+    for chunk in (613, 50_000):
+        b = rows_of(quarter, chunk=chunk)
+        for f in ("ts", "features", "prices", "rows"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f"chunk {chunk}: {f}")
+    files = [
+        sr.write_snapshot_fxcache(
+            tmp_path / f"c{k}.fxcache", quarter.book, quarter.bars, quarter.features, CFG, "f32", KEY, chunk=k
+        )
+        for k in (997, 1 << 30)
+    ]
+    assert files[0] == files[1]
+    assert (tmp_path / "c997.fxcache").read_bytes() == (tmp_path / f"c{1 << 30}.fxcache").read_bytes()
+
+
+def test_bar_context_is_the_last_bar_closed_strictly_before_the_row(quarter: Quarter) -> None:
+    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    ts_rows = sidecar_columns(quarter.book.path, ["ts_recv"])["ts_recv"][reference_rows(quarter.book)]
+    np.testing.assert_array_equal(
+        plan.close_rows, np.searchsorted(ts_rows, quarter.bars.ts_close, side="left")
+    )
+    got = rows_of(quarter)
+    nf = len(feature_names(CFG))
+    j = np.searchsorted(plan.close_rows, got.rows, side="left") - 1
+    assert (j >= 0).all()
+    assert (quarter.bars.ts_close[j] <= got.ts).all()  # closed at or before the row's ts_recv ...
+    assert (plan.close_rows[j] < got.rows).all()  # ... and its closing row precedes the row
+    nxt = j + 1 < len(quarter.bars)
+    assert (plan.close_rows[j[nxt] + 1] >= got.rows[nxt]).all()  # the next bar is not yet closed
+    np.testing.assert_array_equal(got.features[:, nf:], plan.bar_values[j])
+
+
+def _cut_points(q: Quarter, got: sr.SnapshotChunk) -> list[int]:
+    """Row times T: random ones, one just before and one just after the roll."""
+    rng = np.random.default_rng(3)
+    picks = list(got.ts[rng.integers(len(got.ts) // 10, len(got.ts), 3)])
+    roll = int(np.flatnonzero(np.diff(got.prices[:, 2]) != 0)[0])
+    return sorted({int(t) for t in [*picks, got.ts[roll], got.ts[roll + 1]]})
+
+
+def test_alteration_after_t_changes_no_row_up_to_t(quarter: Quarter, tmp_path: Path) -> None:
+    full = rows_of(quarter)
+    bts = sidecar_columns(quarter.book.path, ["ts_recv"])["ts_recv"]
+    for i, t in enumerate(_cut_points(quarter, full)[:3]):
+        after = bts > t
+
+        def alter(cols: dict[str, np.ndarray], after: np.ndarray = after) -> None:
+            for lvl in range(10):
+                for side in ("bid", "ask"):
+                    cols[f"{side}_sz_{lvl:02d}"][after] = cols[f"{side}_sz_{lvl:02d}"][after] * 3 + 1
+            cols["side"][after] = np.where(cols["side"][after] == ord("B"), ord("A"), ord("B"))
+            cols["size"][after] = cols["size"][after] + 5
+
+        alt = BookSource(
+            _rewrite_sidecar(quarter.book.path, tmp_path / f"alt{i}.arrow", alter), quarter.calendar
+        )
+        got = rows_of(quarter, alt, chunk=30_011)
+        k = int(np.searchsorted(full.ts, t, side="right"))
+        for f in ("ts", "features", "prices", "rows"):
+            np.testing.assert_array_equal(getattr(got, f)[:k], getattr(full, f)[:k], err_msg=f"T={t}: {f}")
+        assert not np.array_equal(got.features[k:], full.features[k:])  # the alteration does show after T
+
+
+def test_raw_data_cut_at_t_gives_the_same_rows_up_to_t(quarter: Quarter, tmp_path: Path) -> None:
+    """The held-out style check: book and trades cut to ts_recv <= T, bars and bar features
+    rebuilt from the cut trades (their unfinished last bar is not a closed bar), rows
+    recomputed: every row up to T is the same, bit for bit."""
+    full = rows_of(quarter)
+    for i, t in enumerate(_cut_points(quarter, full)):
+        bk = tmp_path / f"book{i}.arrow"
+        tr = tmp_path / f"trades{i}.arrow"
+        truncate_sidecar(quarter.book.path, bk, after_ts=None, until_ts=t)
+        truncate_sidecar(quarter.trades, tr, after_ts=None, until_ts=t)
+        bars, feats = _bars_and_features(tr, quarter.calendar, drop_open_last=True)
+        got = rows_of(quarter, BookSource(bk, quarter.calendar), bars=bars, feats=feats)
+        k = int(np.searchsorted(full.ts, t, side="right"))
+        assert len(got.ts) == k
+        for f in ("ts", "features", "prices", "rows"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(full, f)[:k], err_msg=f"T={t}: {f}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_the_fxcache_holds_the_rows(quarter: Quarter, tmp_path: Path, dtype: DType) -> None:
+    p = tmp_path / "s.fxcache"
+    counts = sr.write_snapshot_fxcache(
+        p, quarter.book, quarter.bars, quarter.features, CFG, dtype, KEY, {"partition": Q}, chunk=20_000
+    )
+    got = rows_of(quarter)
+    with open_fxcache(p) as fc:
+        assert fc.n_bars == counts["rows"] == len(got.ts)
+        assert fc.dtype == dtype and not fc.has_ofi
+        assert fc.meta["row_unit"] == "snapshot" and fc.meta["rows"] == counts
+        assert fc.group_names("price") == list(sr.SNAPSHOT_PRICE_COLUMNS)
+        names = fc.group_names("feature")
+        assert names[: len(feature_names(CFG))] == feature_names(CFG)
+        assert names[len(feature_names(CFG)) :] == [f"bar_{k}" for k in quarter.features.columns]
+        np.testing.assert_array_equal(fc.ts, got.ts)
+        np.testing.assert_array_equal(fc.prices[:, :3], got.prices)  # f64 whatever the value dtype
+        tol = 2**-8 if dtype == "bf16" else 2**-23
+        vals = fc.decoded()[:, : len(names)]
+        np.testing.assert_allclose(vals, got.features, rtol=tol, atol=1e-30)
+    d = describe_fxcache(p)
+    assert d["valid"] and d["meta"]["row_unit"] == "snapshot"
+
+
+def test_the_planning_pass_block_size_changes_nothing(
+    quarter: Quarter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    monkeypatch.setattr(sr, "_PLAN_BLOCK", 1009)
+    b = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    np.testing.assert_array_equal(a.close_rows, b.close_rows)
+    assert a.counts == b.counts and a.n_selected == b.n_selected
+
+
+def test_bad_input_is_named(quarter: Quarter, tmp_path: Path) -> None:
+    def swap(cols: dict[str, np.ndarray]) -> None:
+        cols["ts_recv"][5000], cols["ts_recv"][5001] = cols["ts_recv"][5001] + 1, cols["ts_recv"][5000]
+
+    bad = BookSource(
+        _rewrite_sidecar(quarter.book.path, tmp_path / "unordered.arrow", swap), quarter.calendar
+    )
+    with pytest.raises(FxDataError, match=r"unordered.arrow is not in ts_recv order at record 5001"):
+        sr.plan_snapshot_rows(bad, quarter.bars, quarter.features, partition=Q)
+    ref = reference_rows(quarter.book)
+
+    def off_grid(cols: dict[str, np.ndarray]) -> None:
+        cols["bid_px_03"][ref[700]] += 10_000_000  # 0.01 points: off the 0.25 tick
+
+    bad = BookSource(
+        _rewrite_sidecar(quarter.book.path, tmp_path / "offgrid.arrow", off_grid), quarter.calendar
+    )
+    plan = sr.plan_snapshot_rows(bad, quarter.bars, quarter.features)
+    with pytest.raises(
+        FxDataError, match=rf"offgrid.arrow: bid_px_03 = .* at record {ref[700]} .* tick grid"
+    ):
+        list(sr.iter_snapshot_rows(bad, plan, CFG, chunk=10_000))
