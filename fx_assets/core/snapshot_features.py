@@ -545,12 +545,18 @@ def _snapshot_nb(
 
 
 def snapshot_features(
-    book: SnapshotBook, cfg: SnapshotFeatureConfig, state: SnapshotState | None = None
+    book: SnapshotBook,
+    cfg: SnapshotFeatureConfig,
+    state: SnapshotState | None = None,
+    *,
+    out: F64 | None = None,
 ) -> tuple[F64, SnapshotState]:
     """Features of one chunk, ``[n, len(feature_names(cfg))]`` float64, and the state to pass
     with the next chunk (``state`` None: the start of a quarter). The chunk's rows must be
     time-ordered and every row must have a best bid and ask, not crossed (FxDataError names
-    the first row that is not)."""
+    the first row that is not). ``out``: a C-contiguous float64 ``[F, n]`` (feature-major)
+    array to write into, reused from chunk to chunk (a fresh output per chunk page-faults
+    every page again); the result is its transpose ``out.T``."""
     n, lv = len(book), cfg.levels
     for name in ("breaks", "action", "side", "size"):
         if getattr(book, name).shape != (n,):
@@ -571,7 +577,13 @@ def snapshot_features(
             f"snapshot chunk: row {j} has no best bid/ask or is crossed ({b1[j]!r} / {a1[j]!r})"
         )
     st = new_state(cfg) if state is None else state
-    out = np.empty((len(feature_names(cfg)), n))
+    nf = len(feature_names(cfg))
+    if out is None:
+        out = np.empty((nf, n))
+    elif out.shape != (nf, n) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise FxDataError(
+            f"snapshot chunk: out is {out.dtype} {out.shape}, want C-contiguous float64 [{nf}, {n}]"
+        )
     _snapshot_nb(
         np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
         np.ascontiguousarray(book.action, dtype=np.uint8), np.ascontiguousarray(book.side, dtype=np.int8),
