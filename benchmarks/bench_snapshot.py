@@ -52,7 +52,6 @@ from benchmarks.common import (
     ensure_market,
     in_subprocess,
     market_config,
-    rounds_summary,
     target,
     write_result,
 )
@@ -121,7 +120,7 @@ from fx_assets.core.stages import _active_at  # noqa: E402
 
 
 @njit(cache=True, nogil=True)
-def _active_rows_nb(ts, iid, bid0, ask0, bounds, act, out_idx, out_brk):  # type: ignore[no-untyped-def]
+def _active_rows_nb(ts, iid, bid0, ask0, bounds, act, out_idx, out_brk):
     """Active-contract records with a two-sided uncrossed best level; break count per row."""
     n = 0
     k = 0
@@ -147,7 +146,7 @@ def _active_rows_nb(ts, iid, bid0, ask0, bounds, act, out_idx, out_brk):  # type
 
 
 @njit(cache=True, nogil=True)
-def _gather_trade_nb(idx, action, side, size, o_action, o_side, o_size):  # type: ignore[no-untyped-def]
+def _gather_trade_nb(idx, action, side, size, o_action, o_side, o_size):
     for r in range(idx.shape[0]):
         i = idx[r]
         o_action[r] = action[i]
@@ -157,7 +156,7 @@ def _gather_trade_nb(idx, action, side, size, o_action, o_side, o_size):  # type
 
 
 @njit(cache=True, nogil=True)
-def _touch_nb(idx, cols_i64, cols_u32, cols_u8):  # type: ignore[no-untyped-def]
+def _touch_nb(idx, cols_i64, cols_u32, cols_u8):
     """Read every value the scan reads, at the selected records (the read floor)."""
     acc = 0
     for c in cols_i64:
@@ -246,11 +245,14 @@ class Input:
 
 
 def _scan_fn(impl: str) -> Any:
-    if impl == "reference":
-        from fx_assets_tests.core import snapshot_reference as mod
-    else:
-        from fx_assets.core import snapshot_features as mod
-    return mod
+    import importlib
+
+    name = (
+        "fx_assets_tests.core.snapshot_reference"
+        if impl == "reference"
+        else "fx_assets.core.snapshot_features"
+    )
+    return importlib.import_module(name)
 
 
 def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> dict[str, float]:
