@@ -324,6 +324,7 @@ def speed(rounds: int, compare: bool, max_rows: int | None) -> dict[str, Any]:
                 d[f"{k}_updates_per_wall_s"] = _rate(n, figs[f"{k}_wall_s"])
         if "cpu_s" in figs:
             d["updates_per_cpu_s"] = _rate(n, figs["cpu_s"])
+            d["updates_per_wall_s"] = _rate(n, figs["wall_s"])
         out[name] = d
     return out
 
