@@ -39,6 +39,14 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
 
 Integer quantities (sizes, OFI terms, half-tick mids) are summed in float64 running sums, which
 stay exact (integers below 2^53), so a long quarter does not drift.
+
+Speed (``benchmarks/bench_snapshot.py``), each step giving the same bits as a plain evaluation
+(``fx_assets_tests/core/snapshot_reference.py`` is the previous kernel; a test compares them):
+the book slopes resume at the first level (per side) that differs from the previous update
+(most updates change one level), the trade-window, VPIN and Kyle outputs are computed on trade
+rows only and repeated between them, divisions by a power-of-two tick are products, ``log1p``
+of a zero clock is not called, and rows are built in a small in-cache block copied to ``out``
+(a caller-owned buffer reused from chunk to chunk) a block at a time.
 """
 
 from __future__ import annotations
