@@ -605,6 +605,92 @@ def render_gpu_dagster(name: str, res: dict[str, Any] | None) -> str:
     )
 
 
+# --- bench_snapshot --------------------------------------------------------------------------
+
+
+def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
+    """``bench_snapshot``: updates/s per core of the scan beside its decode floor (and the previous
+    kernel when compared A B A B), then peak memory by chunk size and input size."""
+    if res is None:
+        return f"`results/{name}.json`: not run."
+    sp, mem = res["figures"]["speed"], res["figures"]["memory"]
+    n = sp["rows"]
+    lines = [
+        provenance(name, res),
+        "",
+        f"{fmt(n)} active-contract MBP-10 updates ({fmt(sp['sidecar_records'])} sidecar records), chunks of "
+        f"{fmt(sp['chunk_rows'])}, pinned to CPU {fmt(sp['pinned_cpus'])}; rounds alternate A B A B in one "
+        "process; per core = per CPU second (getrusage), wall beside it.",
+        "",
+    ]
+    rows = []
+    label = {"current": "this commit", "reference": "previous kernel (test reference)"}
+    for impl in ("current", "reference"):
+        d = sp.get(impl)
+        if not d:
+            continue
+        for part, what in (
+            ("scan", "`snapshot_features` scan"),
+            ("gather", "gather into the chunk's matrices"),
+        ):
+            rows.append(
+                [
+                    f"{what}, {label[impl]}",
+                    fmt_rounds(d[f"{part}_updates_per_cpu_s"], 1e-6, "M/s"),
+                    fmt_rounds(d[f"{part}_updates_per_wall_s"], 1e-6, "M/s"),
+                    fmt_rounds(d[f"{part}_cpu_s"], 1.0, "s"),
+                ]
+            )
+    fl = sp["read_floor"]
+    rows.append(
+        [
+            "read floor: every sidecar value the scan reads, no conversion",
+            fmt_rounds(fl["updates_per_cpu_s"], 1e-6, "M/s"),
+            fmt_rounds(fl["updates_per_wall_s"], 1e-6, "M/s"),
+            fmt_rounds(fl["cpu_s"], 1.0, "s"),
+        ]
+    )
+    lines.append(table(["stage", "updates/s per core (CPU)", "updates/s (wall)", "CPU seconds"], rows))
+    lines.append("")
+    mrows = [
+        [
+            fmt(m["chunk_rows"]),
+            f"{fmt(m['rows'])} ({m['passes']}×)",
+            fmt(m["anon_mib_before_scan"]),
+            fmt(m["peak_anon_mib"]),
+            fmt(m["peak_rss_mib"]),
+            fmt(m["scan_cpu_s"]),
+        ]
+        for m in mem.values()
+    ]
+    lines.append(
+        table(
+            [
+                "chunk rows",
+                "updates scanned",
+                "private MiB before the scan",
+                "peak private MiB",
+                "peak RSS MiB (with mapped sidecar)",
+                "scan CPU s",
+            ],
+            mrows,
+        )
+    )
+    ts = targets_of(res)
+    if ts:
+        lines.append("")
+        lines.append(
+            table(
+                ["target", "value", "bound", "result"],
+                [
+                    [str(t.get("name", "?")), fmt(t.get("value")), str(t.get("target", "")), verdict(t)]
+                    for t in ts
+                ],
+            )
+        )
+    return "\n".join(lines)
+
+
 # --- sections ---------------------------------------------------------------------------------
 
 # Result files with their own section in benchmarks/README.md (renderer; None = generic). Every
@@ -621,6 +707,8 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_dagster_path": None,
     "bench_scaling": None,
     "bench_features_scaling": None,
+    "bench_snapshot": render_snapshot,
+    "bench_snapshot_quick": render_snapshot,
     "gpu_h200": None,
     "gpu_h200_asset_path": None,
     "gpu_h200_kernels": None,

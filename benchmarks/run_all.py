@@ -31,6 +31,7 @@ RESULTS = Path(__file__).parent / "results"
 MODULES = [
     "bench_decode",
     "bench_features",
+    "bench_snapshot",
     "bench_integrity",
     "bench_indicators",
     "bench_peers",

@@ -39,6 +39,14 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
 
 Integer quantities (sizes, OFI terms, half-tick mids) are summed in float64 running sums, which
 stay exact (integers below 2^53), so a long quarter does not drift.
+
+Speed (``benchmarks/bench_snapshot.py``), each step giving the same bits as a plain evaluation
+(``fx_assets_tests/core/snapshot_reference.py`` is the previous kernel; a test compares them):
+the book slopes resume at the first level (per side) that differs from the previous update
+(most updates change one level), the trade-window, VPIN and Kyle outputs are computed on trade
+rows only and repeated between them, divisions by a power-of-two tick are products, ``log1p``
+of a zero clock is not called, and rows are built in a small in-cache block copied to ``out``
+(a caller-owned buffer reused from chunk to chunk) a block at a time.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from pydantic import Field, field_validator
 
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.ofi import _BOOK_STATE_COLS, _book_state_nb, ofi_feature_registry
+from fx_assets.core.ofi import _BOOK_STATE_COLS, _log1p_nb, _ratio, ofi_feature_registry
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -270,12 +278,17 @@ class SnapshotState:
     ts_ring: I64  # [rate_window + 1]
     vpin_ring: F64  # [vpin_buckets] |B - S| / V of full buckets
     vpin_cur: F64  # [3]: buy, sell, volume of the open bucket
+    # [2, 4, levels]: per side, the slope loop's acc, cum, v, p after each level of the previous
+    # update's book, so an update that leaves the first k levels (and the mid) alone resumes there
+    slope: F64
+    trade_out: F64  # [3 * trade windows + 2]: trade-window, VPIN and Kyle outputs of the last trade
 
 
 # integer state slots
 _I_ROWS, _I_POS, _I_TRADES, _I_TPOS, _I_BREAK, _I_LAST_TS, _I_LAST_TRADE_TS = 0, 1, 2, 3, 4, 5, 6
 _I_LAST_MID_TS, _I_LAST_U, _I_TRADE_U, _I_DPOS, _I_RPOS, _I_BUCKETS, _I_BPOS = 7, 8, 9, 10, 11, 12, 13
-_N_INTS = 14
+_I_SLOPE_NB, _I_SLOPE_NA = 14, 15  # levels the previous update's bid / ask slope loop processed
+_N_INTS = 16
 
 
 def _sizes(cfg: SnapshotFeatureConfig) -> tuple[int, int, int]:
@@ -317,6 +330,8 @@ def new_state(cfg: SnapshotFeatureConfig) -> SnapshotState:
         ts_ring=np.zeros(cfg.rate_window + 1, dtype=np.int64),
         vpin_ring=np.zeros(cfg.vpin_buckets),
         vpin_cur=np.zeros(3),
+        slope=np.zeros((2, 4, cfg.levels)),
+        trade_out=np.zeros(3 * len(cfg.trade_windows) + 2),
     )
 
 
@@ -349,16 +364,153 @@ def _cks(b: float, qb: float, a: float, qa: float, b0: float, qb0: float, a0: fl
     return e
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _per_tick(x: float, tick: float, inv_tick: float) -> float:
+    """x / tick; as x * (1 / tick) when the tick is a power of two (then the same bits: both
+    are the correctly rounded x · 2^k), which spares a division (inv_tick 0: divide)."""
+    if inv_tick > 0.0:
+        return x * inv_tick
+    return x / tick
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid):
+    """``ofi._side_slope_nb`` of row ``i``, resumed at level ``j`` from the loop state the
+    previous update left in ``cache[side]`` (levels < j unchanged, and the mid unchanged unless
+    j is 0): the same operations on the same values in the same order, so the same bits.
+    Returns (slope, levels processed)."""
+    j = min(j, nvalid)
+    if j == 0:
+        n = 0
+        acc = 0.0
+        cum = 0.0
+        prev_v = 0.0
+        prev_p = 0.0
+    else:
+        n = j
+        acc = cache[side, 0, j - 1]
+        cum = cache[side, 1, j - 1]
+        prev_v = cache[side, 2, j - 1]
+        prev_p = cache[side, 3, j - 1]
+    for k in range(j, levels):
+        p = px[i, k]
+        if p != p:
+            break
+        cum += sz[i, k]
+        v = _log1p_nb(cum)
+        if k == 0:
+            d = _per_tick(abs(p - mid), tick, inv_tick)
+            if d > 0.0:
+                acc += v / d
+        else:
+            d = _per_tick(abs(p - prev_p), tick, inv_tick)
+            if d > 0.0 and prev_v > 0.0:
+                acc += (v / prev_v - 1.0) / d
+        prev_v = v
+        prev_p = p
+        cache[side, 0, k] = acc
+        cache[side, 1, k] = cum
+        cache[side, 2, k] = v
+        cache[side, 3, k] = p
+        n += 1
+    if n == 0:
+        return math.nan, 0
+    return acc / n, n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r):
+    """``ofi._book_state_nb`` of row ``i`` into ``blk[0:12, r]`` (the same formulas, operation
+    for operation), with the slopes resumed where the book did not change."""
+    pb = bpx[i, 0]
+    pa = apx[i, 0]
+    qb = bsz[i, 0]
+    qa = asz[i, 0]
+    mid = 0.5 * (pb + pa)
+    s = pa - pb
+    i1 = _ratio(qb - qa, qb + qa)
+    n5 = min(5, levels)
+    num5 = 0.0
+    den5 = 0.0
+    numl = 0.0
+    denl = 0.0
+    ctn = 0.0
+    ctd = 0.0
+    sb = 0.0
+    sa = 0.0
+    db = 0.0
+    da = 0.0
+    com = 0.0
+    for k in range(levels):
+        b = bpx[i, k]
+        a = apx[i, k]
+        vb = bsz[i, k] if b == b else 0.0
+        va = asz[i, k] if a == a else 0.0
+        cb = bct[i, k] if b == b else 0.0
+        ca = act[i, k] if a == a else 0.0
+        if k < n5:
+            num5 += vb - va
+            den5 += vb + va
+        numl += vb - va
+        denl += vb + va
+        ctn += cb - ca
+        ctd += cb + ca
+        if b == b:
+            sb += vb
+            db += vb * (mid - b)
+            com += vb * (b - mid)
+        if a == a:
+            sa += va
+            da += va * (a - mid)
+            com += va * (a - mid)
+    blk[0, r] = i1
+    blk[1, r] = _ratio(num5, den5)
+    blk[2, r] = _ratio(numl, denl)
+    blk[3, r] = 0.5 * i1 if s > 0.0 else 0.0
+    blk[4, r] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
+    bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, ints[_I_SLOPE_NB])
+    asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, ints[_I_SLOPE_NA])
+    ints[_I_SLOPE_NB] = nb
+    ints[_I_SLOPE_NA] = na
+    blk[5, r] = bsl
+    blk[6, r] = asl
+    blk[7, r] = _ratio(bsl - asl, bsl + asl)
+    dbm = _ratio(db, sb)
+    dam = _ratio(da, sa)
+    blk[8, r] = _ratio(dam - dbm, dam + dbm)
+    blk[9, r] = _per_tick(-_ratio(com, sb + sa), tick, inv_tick)
+    blk[10, r] = _per_tick(s, tick, inv_tick)
+    blk[11, r] = _ratio(ctn, ctd)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _log1p_us(dt_ns: int) -> float:
+    """log1p(max(dt, 0) / 1e3): µs from ns; 0 without the libm call when dt <= 0 (log1p(0) is 0:
+    the same bits; records of one event share their ts_recv)."""
+    if dt_ns <= 0:
+        return 0.0
+    return math.log1p(dt_ns / 1e3)
+
+
+_BLOCK = 64  # rows per output block (in cache), copied to the output a block at a time
+
+
 @njit(cache=True, nogil=True)
 def _snapshot_nb(
     ts, brk, action, side, size, bpx, apx, bsz, asz, bct, act,
-    levels, tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w,
+    levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w,
     ints, prev, ofi_ring, dep_ring, sums, trade_ring, mid_ring, chg_ring, ts_ring, vpin_ring, vpin_cur,
-    out,
+    slope, trade_out, out,
 ):  # fmt: skip
     """The scan over one chunk; ``out`` is [F, n] (feature-major). Rings are one longer than
-    their longest window, so the value leaving window k is always ``ring[(pos - k) % size]``."""
+    their longest window, so the value leaving window k is always ``ring[(pos - k) % size]``.
+
+    Rows are computed into a small feature-major block that stays in cache, copied into ``out``
+    a block at a time (whole cache lines per feature). The trade outputs change only on trade rows: computed there,
+    kept in ``trade_out`` and repeated on the rows between (the same values a recomputation from
+    the unchanged sums gives)."""
     n = ts.shape[0]
+    nfeat = out.shape[0]
     R = ofi_ring.shape[0]
     T = trade_ring.shape[0]
     D = mid_ring.shape[0]
@@ -373,184 +525,221 @@ def _snapshot_nb(
     s_ky = s_tr + 3 * ntw
     s_chg = s_ky + 5
     s_vp = s_chg + nd
-    for i in range(n):
-        u = np.int64(math.floor((bpx[i, 0] + apx[i, 0]) / tick + 0.5))  # mid in half-ticks: (b + a) / tick
-        # ---- a break resets every window, clock and the previous book
-        if brk[i] != ints[_I_BREAK]:
-            ints[:] = 0
-            ints[_I_BREAK] = brk[i]
-            sums[:] = 0.0
-            vpin_cur[:] = 0.0
-            ints[_I_LAST_TS] = ts[i]
-            ints[_I_LAST_TRADE_TS] = ts[i]
-            ints[_I_LAST_MID_TS] = ts[i]
-            ints[_I_LAST_U] = u
-            ints[_I_TRADE_U] = u
-        rows = ints[_I_ROWS]
-        # ---- per-level OFI of this update (0 on the first row after a break)
-        pos = ints[_I_POS]
-        for m in range(levels):
-            b = _px(bpx[i, m], True)
-            a = _px(apx[i, m], False)
-            qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
-            qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
-            e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
-            ofi_ring[pos, m] = e
-            if m == 0:
-                for w in range(nf):
-                    if rows >= flow_w[w]:
-                        sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
-                    sums[w] += e
+    o_tr = 12 + nf + levels  # first trade output column
+    n_tr = 3 * ntw + 2
+    blk = np.empty((nfeat, _BLOCK))
+    for b0 in range(0, n, _BLOCK):
+        b1 = min(b0 + _BLOCK, n)
+        for i in range(b0, b1):
+            r = i - b0
+            u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
+            # ---- a break resets every window, clock and the previous book
+            if brk[i] != ints[_I_BREAK]:
+                ints[:] = 0
+                ints[_I_BREAK] = brk[i]
+                sums[:] = 0.0
+                vpin_cur[:] = 0.0
+                trade_out[:] = 0.0
+                ints[_I_LAST_TS] = ts[i]
+                ints[_I_LAST_TRADE_TS] = ts[i]
+                ints[_I_LAST_MID_TS] = ts[i]
+                ints[_I_LAST_U] = u
+                ints[_I_TRADE_U] = u
+            rows = ints[_I_ROWS]
+            # ---- per-level OFI of this update (0 on the first row after a break); the first
+            # level that differs from the previous update, per side, for the slopes
+            jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
+            ja = jb
+            pos = ints[_I_POS]
+            for m in range(levels):
+                b = _px(bpx[i, m], True)
+                a = _px(apx[i, m], False)
+                qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
+                qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
+                if m < jb and (b != prev[0, m] or qb != prev[2, m]):
+                    jb = m
+                if m < ja and (a != prev[1, m] or qa != prev[3, m]):
+                    ja = m
+                e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
+                ofi_ring[pos, m] = e
+                if m == 0:
+                    for w in range(nf):
+                        if rows >= flow_w[w]:
+                            sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
+                        sums[w] += e
+                if rows >= mlofi_k:
+                    sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
+                sums[s_ml + m] += e
+                prev[0, m] = b
+                prev[1, m] = a
+                prev[2, m] = qb
+                prev[3, m] = qa
+            dep = 0.5 * (prev[2, 0] + prev[3, 0])
+            dep_ring[pos] = dep
+            for w in range(nf):
+                if rows >= flow_w[w]:
+                    sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
+                sums[s_dep + w] += dep
             if rows >= mlofi_k:
-                sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
-            sums[s_ml + m] += e
-            prev[0, m] = b
-            prev[1, m] = a
-            prev[2, m] = qb
-            prev[3, m] = qa
-        dep = 0.5 * (prev[2, 0] + prev[3, 0])
-        dep_ring[pos] = dep
-        for w in range(nf):
-            if rows >= flow_w[w]:
-                sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
-            sums[s_dep + w] += dep
-        if rows >= mlofi_k:
-            sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
-        sums[s_mld] += dep
-        ints[_I_POS] = pos + 1 if pos + 1 < R else 0
-        # ---- mid changes
-        dpos = ints[_I_DPOS]
-        changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
-        chg_ring[dpos] = changed
-        mid_ring[dpos] = u
-        for w in range(nd):
-            if rows >= drift_w[w]:
-                sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
-            sums[s_chg + w] += changed
-        if changed:
-            ints[_I_LAST_MID_TS] = ts[i]
-        # ---- trades
-        if action[i] == TRADE:
-            v = size[i]
-            sg = float(side[i])
-            tpos = ints[_I_TPOS]
-            nt = ints[_I_TRADES]
-            dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
-            trade_ring[tpos, 0] = sg * v
-            trade_ring[tpos, 1] = v
-            trade_ring[tpos, 2] = sg
-            trade_ring[tpos, 3] = dmid
-            for w in range(ntw):
-                k = trade_w[w]
-                for c in range(3):
-                    if nt >= k:
-                        sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
-                    sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
-            # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
-            if nt >= kyle_k:
-                j = _back(tpos, kyle_k, T)
-                xo = trade_ring[j, 0]
-                yo = trade_ring[j, 3]
-                sums[s_ky] -= 1.0
-                sums[s_ky + 1] -= xo
-                sums[s_ky + 2] -= yo
-                sums[s_ky + 3] -= xo * xo
-                sums[s_ky + 4] -= xo * yo
-            x = sg * v
-            sums[s_ky] += 1.0
-            sums[s_ky + 1] += x
-            sums[s_ky + 2] += dmid
-            sums[s_ky + 3] += x * x
-            sums[s_ky + 4] += x * dmid
-            ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
-            ints[_I_TRADES] = nt + 1
-            ints[_I_TRADE_U] = u
-            ints[_I_LAST_TRADE_TS] = ts[i]
-            # VPIN: fill volume buckets (a trade may close several)
-            rem = v
-            while rem > 0.0:
-                room = vb_vol - vpin_cur[2]
-                take = rem if rem < room else room
-                if sg > 0:
-                    vpin_cur[0] += take
-                elif sg < 0:
-                    vpin_cur[1] += take
-                vpin_cur[2] += take
-                rem -= take
-                if vpin_cur[2] >= vb_vol:
-                    bpos = ints[_I_BPOS]
-                    val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
-                    if ints[_I_BUCKETS] >= vb_n:
-                        sums[s_vp] -= vpin_ring[bpos]
-                    vpin_ring[bpos] = val
-                    sums[s_vp] += val
-                    ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
-                    ints[_I_BUCKETS] += 1
-                    vpin_cur[:] = 0.0
-        # ---- event rate over the last min(rows + 1, RK - 1) updates
-        rpos = ints[_I_RPOS]
-        ts_ring[rpos] = ts[i]
-        cnt_r = min(rows + 1, RK - 1)
-        t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
-        ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
-        # ---- outputs of row i
-        _book_state_nb(bpx[i], apx[i], bsz[i], asz[i], bct[i], act[i], levels, tick, out, 0, i)
-        o = 12
-        for w in range(nf):
-            md = sums[s_dep + w] / min(rows + 1, flow_w[w])
-            out[o, i] = sums[w] / md if md > 0 else 0.0
-            o += 1
-        md = sums[s_mld] / min(rows + 1, mlofi_k)
-        for m in range(levels):
-            out[o, i] = sums[s_ml + m] / md if md > 0 else 0.0
-            o += 1
-        nt = ints[_I_TRADES]
-        for w in range(ntw):
-            cnt = min(nt, trade_w[w])
-            sv = sums[s_tr + 3 * w]
-            vol = sums[s_tr + 3 * w + 1]
-            out[o, i] = sv
-            out[o + 1, i] = sv / vol if vol > 0 else 0.0
-            out[o + 2, i] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
-            o += 3
-        nb = ints[_I_BUCKETS]
-        out[o, i] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
-        kn = sums[s_ky]
-        lam = 0.0
-        if kn >= 3:
-            sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
-            sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
-            if sxx > 1e-9:
-                lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
-        out[o + 1, i] = lam
-        out[o + 2, i] = math.log1p(max(ts[i] - ints[_I_LAST_TS], 0) / 1e3)
-        out[o + 3, i] = math.log1p(max(ts[i] - ints[_I_LAST_TRADE_TS], 0) / 1e3)
-        out[o + 4, i] = math.log1p(max(ts[i] - ints[_I_LAST_MID_TS], 0) / 1e3)
-        span = ts[i] - t_first
-        out[o + 5, i] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
-        out[o + 6, i] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
-        o += 7
-        for w in range(nd):
-            k = drift_w[w]
-            back = k if rows >= k else rows
-            out[o, i] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
-            out[o + 1, i] = sums[s_chg + w]
-            o += 2
-        out[o, i] = math.log1p(rows)
-        ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
-        ints[_I_ROWS] = rows + 1
-        ints[_I_LAST_TS] = ts[i]
-        ints[_I_LAST_U] = u
+                sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
+            sums[s_mld] += dep
+            ints[_I_POS] = pos + 1 if pos + 1 < R else 0
+            # ---- mid changes
+            dpos = ints[_I_DPOS]
+            changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
+            chg_ring[dpos] = changed
+            mid_ring[dpos] = u
+            for w in range(nd):
+                if rows >= drift_w[w]:
+                    sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
+                sums[s_chg + w] += changed
+            if changed:
+                ints[_I_LAST_MID_TS] = ts[i]
+            # ---- trades
+            if action[i] == TRADE:
+                v = size[i]
+                sg = float(side[i])
+                tpos = ints[_I_TPOS]
+                nt = ints[_I_TRADES]
+                dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
+                trade_ring[tpos, 0] = sg * v
+                trade_ring[tpos, 1] = v
+                trade_ring[tpos, 2] = sg
+                trade_ring[tpos, 3] = dmid
+                for w in range(ntw):
+                    k = trade_w[w]
+                    for c in range(3):
+                        if nt >= k:
+                            sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
+                        sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
+                # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
+                if nt >= kyle_k:
+                    j = _back(tpos, kyle_k, T)
+                    xo = trade_ring[j, 0]
+                    yo = trade_ring[j, 3]
+                    sums[s_ky] -= 1.0
+                    sums[s_ky + 1] -= xo
+                    sums[s_ky + 2] -= yo
+                    sums[s_ky + 3] -= xo * xo
+                    sums[s_ky + 4] -= xo * yo
+                x = sg * v
+                sums[s_ky] += 1.0
+                sums[s_ky + 1] += x
+                sums[s_ky + 2] += dmid
+                sums[s_ky + 3] += x * x
+                sums[s_ky + 4] += x * dmid
+                ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
+                ints[_I_TRADES] = nt + 1
+                ints[_I_TRADE_U] = u
+                ints[_I_LAST_TRADE_TS] = ts[i]
+                # VPIN: fill volume buckets (a trade may close several)
+                rem = v
+                while rem > 0.0:
+                    room = vb_vol - vpin_cur[2]
+                    take = rem if rem < room else room
+                    if sg > 0:
+                        vpin_cur[0] += take
+                    elif sg < 0:
+                        vpin_cur[1] += take
+                    vpin_cur[2] += take
+                    rem -= take
+                    if vpin_cur[2] >= vb_vol:
+                        bpos = ints[_I_BPOS]
+                        val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
+                        if ints[_I_BUCKETS] >= vb_n:
+                            sums[s_vp] -= vpin_ring[bpos]
+                        vpin_ring[bpos] = val
+                        sums[s_vp] += val
+                        ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
+                        ints[_I_BUCKETS] += 1
+                        vpin_cur[:] = 0.0
+                # the trade outputs, until the next trade
+                nt = ints[_I_TRADES]
+                for w in range(ntw):
+                    cnt = min(nt, trade_w[w])
+                    sv = sums[s_tr + 3 * w]
+                    vol = sums[s_tr + 3 * w + 1]
+                    trade_out[3 * w] = sv
+                    trade_out[3 * w + 1] = sv / vol if vol > 0 else 0.0
+                    trade_out[3 * w + 2] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
+                nb = ints[_I_BUCKETS]
+                trade_out[3 * ntw] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
+                kn = sums[s_ky]
+                lam = 0.0
+                if kn >= 3:
+                    sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
+                    sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
+                    if sxx > 1e-9:
+                        lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
+                trade_out[3 * ntw + 1] = lam
+            # ---- event rate over the last min(rows + 1, RK - 1) updates
+            rpos = ints[_I_RPOS]
+            ts_ring[rpos] = ts[i]
+            cnt_r = min(rows + 1, RK - 1)
+            t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
+            ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
+            # ---- outputs of row i
+            _book_state_row(
+                bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r
+            )
+            o = 12
+            for w in range(nf):
+                md = sums[s_dep + w] / min(rows + 1, flow_w[w])
+                blk[o, r] = sums[w] / md if md > 0 else 0.0
+                o += 1
+            md = sums[s_mld] / min(rows + 1, mlofi_k)
+            if md > 0:
+                for m in range(levels):
+                    blk[o + m, r] = sums[s_ml + m] / md
+            else:
+                for m in range(levels):
+                    blk[o + m, r] = 0.0
+            for c in range(n_tr):
+                blk[o_tr + c, r] = trade_out[c]
+            o = o_tr + n_tr
+            blk[o, r] = _log1p_us(ts[i] - ints[_I_LAST_TS])
+            blk[o + 1, r] = _log1p_us(ts[i] - ints[_I_LAST_TRADE_TS])
+            blk[o + 2, r] = _log1p_us(ts[i] - ints[_I_LAST_MID_TS])
+            span = ts[i] - t_first
+            blk[o + 3, r] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
+            blk[o + 4, r] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
+            o += 5
+            for w in range(nd):
+                k = drift_w[w]
+                back = k if rows >= k else rows
+                blk[o, r] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
+                blk[o + 1, r] = sums[s_chg + w]
+                o += 2
+            blk[o, r] = _log1p_nb(rows)
+            ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
+            ints[_I_ROWS] = rows + 1
+            ints[_I_LAST_TS] = ts[i]
+            ints[_I_LAST_U] = u
+        for f in range(nfeat):
+            for r in range(b1 - b0):
+                out[f, b0 + r] = blk[f, r]
     return 0
 
 
+def _inv_tick(tick: float) -> float:
+    """1 / tick where the tick is a power of two (x / tick == x * (1 / tick) bit for bit), else 0."""
+    m, _ = math.frexp(tick)
+    return 1.0 / tick if m == 0.5 else 0.0
+
+
 def snapshot_features(
-    book: SnapshotBook, cfg: SnapshotFeatureConfig, state: SnapshotState | None = None
+    book: SnapshotBook,
+    cfg: SnapshotFeatureConfig,
+    state: SnapshotState | None = None,
+    *,
+    out: F64 | None = None,
 ) -> tuple[F64, SnapshotState]:
     """Features of one chunk, ``[n, len(feature_names(cfg))]`` float64, and the state to pass
     with the next chunk (``state`` None: the start of a quarter). The chunk's rows must be
     time-ordered and every row must have a best bid and ask, not crossed (FxDataError names
-    the first row that is not)."""
+    the first row that is not). ``out``: a C-contiguous float64 ``[F, n]`` (feature-major)
+    array to write into, reused from chunk to chunk (a fresh output per chunk page-faults
+    every page again); the result is its transpose ``out.T``."""
     n, lv = len(book), cfg.levels
     for name in ("breaks", "action", "side", "size"):
         if getattr(book, name).shape != (n,):
@@ -571,17 +760,23 @@ def snapshot_features(
             f"snapshot chunk: row {j} has no best bid/ask or is crossed ({b1[j]!r} / {a1[j]!r})"
         )
     st = new_state(cfg) if state is None else state
-    out = np.empty((len(feature_names(cfg)), n))
+    nf = len(feature_names(cfg))
+    if out is None:
+        out = np.empty((nf, n))
+    elif out.shape != (nf, n) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise FxDataError(
+            f"snapshot chunk: out is {out.dtype} {out.shape}, want C-contiguous float64 [{nf}, {n}]"
+        )
     _snapshot_nb(
         np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
         np.ascontiguousarray(book.action, dtype=np.uint8), np.ascontiguousarray(book.side, dtype=np.int8),
         np.ascontiguousarray(book.size, dtype=np.float64),
         book.bid_px, book.ask_px, book.bid_sz, book.ask_sz, book.bid_ct, book.ask_ct,
-        lv, float(cfg.tick_size), np.asarray(cfg.flow_windows, dtype=np.int64), int(cfg.mlofi_window),
+        lv, float(cfg.tick_size), _inv_tick(float(cfg.tick_size)), np.asarray(cfg.flow_windows, dtype=np.int64), int(cfg.mlofi_window),
         np.asarray(cfg.trade_windows, dtype=np.int64), int(cfg.kyle_trades), float(cfg.vpin_bucket_volume),
         int(cfg.vpin_buckets), np.asarray(cfg.drift_windows, dtype=np.int64),
         st.ints, st.prev, st.ofi_ring, st.dep_ring, st.sums, st.trade_ring, st.mid_ring, st.chg_ring,
-        st.ts_ring, st.vpin_ring, st.vpin_cur, out,
+        st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, out,
     )  # fmt: skip
     return out.T, st
 

@@ -237,3 +237,85 @@ def test_log1p_table_is_libm_log1p() -> None:
     ks = np.arange(_LOG1P_INT.shape[0], dtype=np.float64)
     assert all(libm(k) == _LOG1P_INT[int(k)] == _log1p_nb(k) for k in ks)
     assert _log1p_nb(2.5) == libm(2.5) and _log1p_nb(1e6) == libm(1e6)
+
+
+def make_sparse_book(
+    n: int, seed: int = 0, tick: float = TICK, breaks_at: tuple[int, ...] = (700,)
+) -> SnapshotBook:
+    """A stream like real MBP-10 records: most updates change one level of one side (a size, a
+    count, a level emptied or refilled), some move the best price (the whole side shifts), some
+    repeat the book unchanged (trades), a few leave deep levels missing."""
+    rng = np.random.default_rng(seed)
+    bid_px = np.empty((n, 10))
+    ask_px = np.empty((n, 10))
+    sz = [np.empty((n, 10)) for _ in range(4)]
+    lv = np.arange(10)
+    bid = 4000.0
+    spread = 1
+    cur_b = bid - tick * lv
+    cur_a = bid + tick * spread + tick * lv
+    cur = [rng.integers(1, 80, 10).astype(np.float64) for _ in range(4)]
+    for i in range(n):
+        u = rng.random()
+        if u < 0.1:  # best price moves: the book shifts
+            bid += tick * rng.choice([-1, 1])
+            spread = int(rng.choice([1, 1, 1, 2]))
+            cur_b = bid - tick * lv
+            cur_a = bid + tick * spread + tick * lv
+            cur[0][:] = np.roll(cur[0], 1)
+            cur[1][:] = np.roll(cur[1], -1)
+        elif u < 0.75:  # one level of one side changes
+            k = int(rng.integers(0, 10))
+            s = int(rng.integers(0, 2))
+            cur[s][k] = float(rng.integers(1, 80))
+            cur[2 + s][k] = float(rng.integers(1, 9))
+        elif u < 0.8:  # a deep level empties or refills
+            k = int(rng.integers(3, 10))
+            px = cur_b if rng.random() < 0.5 else cur_a
+            px[k] = (
+                np.nan if px[k] == px[k] else (bid - tick * k if px is cur_b else bid + tick * (spread + k))
+            )
+        bid_px[i], ask_px[i] = cur_b, cur_a
+        for j in range(4):
+            sz[j][i] = cur[j]
+    action = np.where(rng.random(n) < 0.25, ord("T"), ord("A")).astype(np.uint8)
+    side = np.where(action == ord("T"), rng.choice([-1, 1, 0], n, p=[0.45, 0.45, 0.1]), 0).astype(np.int8)
+    size = np.where(action == ord("T"), rng.integers(1, 20, n), 0).astype(np.float64)
+    ts = np.cumsum(rng.integers(0, 3_000_000, n)).astype(np.int64)
+    breaks = np.searchsorted(np.asarray(breaks_at), np.arange(n), side="right").astype(np.int64)
+    return SnapshotBook(ts, breaks, action, side, size, bid_px, ask_px, sz[0], sz[1], sz[2], sz[3])
+
+
+@pytest.mark.parametrize("tick", [TICK, 0.1, 1.0])
+def test_fast_kernel_is_bit_identical_to_the_reference(tick: float) -> None:
+    """The incremental kernel (slopes resumed at the first changed level, trade outputs kept
+    between trades, power-of-two tick divisions as products, block-wise stores) gives exactly
+    the bits of the kernel it replaced (fx_assets_tests/core/snapshot_reference.py), in one
+    pass and in chunks, on books that change one level at a time and on fully random ones."""
+    from fx_assets_tests.core import snapshot_reference as ref
+
+    for cfg in (CFG, SnapshotFeatureConfig(tick_size=tick)):
+        cfg = cfg.model_copy(update={"tick_size": tick})
+        dense = make_book(1200, seed=3)
+        dense.bid_px = dense.bid_px / TICK * tick  # make_book's grid is TICK: onto this tick's
+        dense.ask_px = dense.ask_px / TICK * tick
+        for book in (make_sparse_book(3000, seed=7, tick=tick), dense):
+            want, _ = ref.snapshot_features(book, cfg)
+            got, _ = snapshot_features(book, cfg)
+            np.testing.assert_array_equal(got, want)
+            assert got.tobytes() == want.tobytes()
+            parts, st = [], None
+            for lo, hi in ((0, 1), (1, 64), (64, 65), (65, 700), (700, len(book))):
+                out, st = snapshot_features(_slice(book, lo, hi), cfg, st)
+                parts.append(out)
+            assert np.vstack(parts).tobytes() == want.tobytes()
+
+
+def test_out_buffer_is_written_in_place() -> None:
+    book = make_book(300, seed=9)
+    want, _ = snapshot_features(book, CFG)
+    buf = np.full((len(feature_names(CFG)), 300), np.nan)
+    got, _ = snapshot_features(book, CFG, out=buf)
+    assert np.shares_memory(got, buf) and got.tobytes() == want.tobytes()
+    with pytest.raises(FxDataError, match="out is"):
+        snapshot_features(book, CFG, out=np.empty((3, 300)))
