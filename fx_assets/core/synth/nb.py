@@ -2,8 +2,9 @@
 
 Owns the three sequential recursions that numpy cannot vectorise: the AR(1) latent order-flow
 imbalance, the causal signal/impact path driven by realised order flow, and the MBP-10 book
-state machine that turns a time-ordered event list into book records. Callers in
-``market.py`` validate shapes and document units.
+state machine that turns a time-ordered event list into book records (with the optional
+event-time snapshot signal: a touch offset driven by the book's own level-1 imbalance).
+Callers in ``market.py`` / ``generate.py`` validate shapes and document units.
 """
 
 from __future__ import annotations
@@ -101,6 +102,15 @@ def book_nb(
     st_act: np.ndarray,  # int64 [n_slots, 10]
     last_ts: np.ndarray,  # int64 [1] ts_recv of the last record written (monotonic guard)
     rng: np.random.Generator,
+    snap_strength: float,  # planted snapshot signal, ticks per unit of x (0: off, no effect)
+    snap_a_fast: float,  # per-event decay of the fast EWMA of I1 (1 - 1/tau_fast)
+    snap_a_slow: float,  # per-event decay of the slow EWMA of I1 (1 - 1/tau_slow)
+    st_fast: np.ndarray,  # float64 [n_slots] state: fast sum F
+    st_slow: np.ndarray,  # float64 [n_slots] state: slow sum S
+    st_off: np.ndarray,  # int64 [n_slots] state: touch offset D in ticks
+    st_ring: np.ndarray,  # float64 [n_slots, delay] state: the last `delay` I1 values (delay >= 1)
+    st_pos: np.ndarray,  # int64 [n_slots] state: ring position (oldest entry)
+    ev_off: np.ndarray,  # int64 [n] out: the offset D the event's book was placed with
 ) -> tuple[
     np.ndarray,
     np.ndarray,
@@ -129,6 +139,15 @@ def book_nb(
     instrument. Outputs (m = records written): ts_recv, ts_event, slot, action (ASCII),
     side (ASCII), price (ticks), size, depth, seq, bid/ask ticks [m] of level 0, bsz/asz/bct/
     act [m, 10]; bid level k = bid0 - k ticks, ask level k = ask0 + k ticks.
+
+    Snapshot signal (``snap_strength != 0``): before event i of slot k, with ``I1`` the level-1
+    imbalance ``(Qb1 - Qa1)/(Qb1 + Qa1)`` of the slot's book after its previous event (0 on an
+    empty book) and ``d`` = ``st_ring.shape[1]``, ``F = a_f F + I1[n-d]``, ``S = a_s S +
+    I1[n-d]`` (I1 before the session's first event = 0) and the offset ``D = round(strength *
+    (S - F))`` ticks shifts the latent touch of the event (both sides). So ``D`` at the slot's
+    event n is ``round(strength * sum_{j>=d} (a_s**(j-d) - a_f**(j-d)) I1[n-j])``: a causal
+    response to past imbalance that is 0 up to lag d, peaks at lag ~ d + ln(tau_s/tau_f) tau_s
+    tau_f / (tau_s - tau_f) and dies out after a few tau_s. Strength 0: D == 0, no change.
     """
     n = ev_ts_recv.shape[0]
     m_max = 2 * n
@@ -159,8 +178,24 @@ def book_nb(
     for i in range(n):
         k = ev_slot[i]
         s = ev_sec[i]
-        tb = bid_tick[k, s]
-        ta = ask_tick[k, s]
+        if snap_strength != 0.0:
+            i1 = 0.0
+            if st_bid[k] >= 0:
+                q1 = st_bsz[k, 0] + st_asz[k, 0]
+                if q1 > 0:
+                    i1 = (st_bsz[k, 0] - st_asz[k, 0]) / q1
+            # The EWMAs read I1 `delay` events late: D then carries no weight at the short lags over
+            # which I1 itself is autocorrelated, so D(n) is ~uncorrelated with I1(n).
+            p = st_pos[k]
+            x_in = st_ring[k, p]
+            st_ring[k, p] = i1
+            st_pos[k] = p + 1 if p + 1 < st_ring.shape[1] else 0
+            st_fast[k] = snap_a_fast * st_fast[k] + x_in
+            st_slow[k] = snap_a_slow * st_slow[k] + x_in
+            st_off[k] = np.int64(np.round(snap_strength * (st_slow[k] - st_fast[k])))
+        ev_off[i] = st_off[k]
+        tb = bid_tick[k, s] + st_off[k]
+        ta = ask_tick[k, s] + st_off[k]
         base = depth_base[s]
         im = imb[s]
         moved = tb != st_bid[k] or ta != st_ask[k]
