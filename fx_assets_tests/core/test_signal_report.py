@@ -168,7 +168,7 @@ def test_decay_curve_of_the_planted_market_peaks_at_the_planted_horizon(tmp_path
     assert peak in (20, 50), a
     c = rep.cell("snapshot", "imbalance", peak)
     assert c.auc_lo > 0.55 and c.in_null_band is False
-    assert abs(a[500] - 0.5) < 0.05, a
+    assert rep.cell("snapshot", "imbalance", 500).in_null_band is True, a
     assert (tmp_path / "signal_report.png").stat().st_size > 1000
 
 

@@ -40,21 +40,24 @@ from fx_assets.core.synth.dbn_writer import (
 BOOK_CHUNK_EVENTS = 65_536  # book kernel chunk: bounds the MBP-10 working set (~50 MB)
 SNAP_TAU_FAST = 15.0  # snapshot signal: fast EWMA time constant of I1, in book events of the contract
 SNAP_TAU_SLOW = 100.0  # ... and the slow one
+SNAP_LEAN = 0.3  # driver I1 - 0.3 tanh(I): the latent lean of I1 out (fresh-queue slope ~0.35 x 0.93)
 SNAP_DELAY = 8  # events: the EWMAs read I1 this late, so the response peaks ~8 + 34 = 42 later
 
 SNAP_SIGNAL_DESCRIPTION = (
     "Event-time snapshot signal (off unless snap_signal != 0): before each book event n of an "
     "outright, with I1 = (Qb1 - Qa1)/(Qb1 + Qa1) the level-1 queue imbalance of its book after "
-    "event n-1, F = a_f F + I1(n-d) and S = a_s S + I1(n-d) (a = 1 - 1/tau, tau_f = 15, tau_s = "
-    "100 events, delay d = 8 events, state restarted each session), the book's touch is placed "
-    "D = round(snap_signal * (S - F)) ticks above the latent touch (the book shifts as on any touch "
-    "move) and trades print at that book. D(n) = round(snap_signal * sum_{j>=d} (a_s^(j-d) - "
-    "a_f^(j-d)) I1(n-j)): the imbalance of an update moves the mid in its direction with a "
-    "response that is 0 for 8 updates, peaks about 42 updates later (d + ln(tau_s/tau_f) tau_s "
-    "tau_f / (tau_s - tau_f)) and is below 1% of its peak by 500. So the level-1 imbalance "
-    "predicts the sign of the mid move h updates ahead with a strength that peaks at h ~ 20-50 and "
-    "is gone by h ~ 500 (measured: docs/synthetic-market.md). snap_signal = 0 (and --null): "
-    "D == 0, the book is exactly the default market's."
+    "event n-1 and x = I1 - 0.3 tanh(I) (I the latent flow imbalance of the second: its lean of "
+    "the fresh queue sizes taken out), F = a_f F + x(n-d) and S = a_s S + x(n-d) (a = 1 - 1/tau, "
+    "tau_f = 15, tau_s = 100 events, delay d = 8 events, state carried across a quarter's sessions); at "
+    "add/cancel/modify events D = round(snap_signal * (S - F)) ticks, and every written price of "
+    "the outright (touch, all levels, record price, trades in both files) is the default "
+    "market's plus D (a translation: sizes and draws are the default market's). D(n) = "
+    "round(snap_signal * sum_{j>=d} (a_s^(j-d) - a_f^(j-d)) x(n-j)): an update's level-1 "
+    "imbalance moves the mid in its direction with a response that is 0 for 8 updates, peaks "
+    "about 42 updates later and is below 1% of its peak by 500. So the level-1 imbalance predicts "
+    "the sign of the mid move h updates ahead with a strength peaking at h ~ 20-50 and gone by "
+    "h ~ 500 (measured: docs/synthetic-market.md). snap_signal = 0 (and --null): D == 0, the "
+    "files are exactly the default market's."
 )
 
 SIGNAL_DESCRIPTION = (
@@ -281,6 +284,13 @@ def iter_quarter_records(
         last_ts = np.zeros(1, dtype=np.int64)
         d = 0.0
         seq = 1_000_000
+        # Snapshot-signal state carries across the quarter's sessions like the book state (a T
+        # record at a session's start then still prints at the previous record's touch).
+        st_fast = np.zeros(n_slots, dtype=np.float64)
+        st_slow = np.zeros(n_slots, dtype=np.float64)
+        st_off = np.zeros(n_slots, dtype=np.int64)
+        st_ring = np.zeros((n_slots, SNAP_DELAY), dtype=np.float64)
+        st_pos = np.zeros(n_slots, dtype=np.int64)
         for i in range(plan.sessions.size):
             res = market.simulate_session(
                 plan,
@@ -295,12 +305,6 @@ def iter_quarter_records(
             d = res.d_end
             seq += res.trades.ts_event.size
             b = res.book
-            # Snapshot-signal state restarts each session (labels never span a session).
-            st_fast = np.zeros(n_slots, dtype=np.float64)
-            st_slow = np.zeros(n_slots, dtype=np.float64)
-            st_off = np.zeros(n_slots, dtype=np.int64)
-            st_ring = np.zeros((n_slots, SNAP_DELAY), dtype=np.float64)
-            st_pos = np.zeros(n_slots, dtype=np.int64)
             ev_off = np.zeros(b.ev_ts_recv.size, dtype=np.int64)
 
             def chunks(
@@ -344,6 +348,7 @@ def iter_quarter_records(
                         st_off,
                         st_ring,
                         st_pos,
+                        SNAP_LEAN,
                         ev_off[lo:hi],
                     )
                     yield _book_records(plan, out)

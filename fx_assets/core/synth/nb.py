@@ -110,6 +110,7 @@ def book_nb(
     st_off: np.ndarray,  # int64 [n_slots] state: touch offset D in ticks
     st_ring: np.ndarray,  # float64 [n_slots, delay] state: the last `delay` I1 values (delay >= 1)
     st_pos: np.ndarray,  # int64 [n_slots] state: ring position (oldest entry)
+    snap_lean: float,  # the driver is I1 - snap_lean * imb[s] (the latent lean's share of I1 removed)
     ev_off: np.ndarray,  # int64 [n] out: the offset D the event's book was placed with
 ) -> tuple[
     np.ndarray,
@@ -142,12 +143,15 @@ def book_nb(
 
     Snapshot signal (``snap_strength != 0``): before event i of slot k, with ``I1`` the level-1
     imbalance ``(Qb1 - Qa1)/(Qb1 + Qa1)`` of the slot's book after its previous event (0 on an
-    empty book) and ``d`` = ``st_ring.shape[1]``, ``F = a_f F + I1[n-d]``, ``S = a_s S +
-    I1[n-d]`` (I1 before the session's first event = 0) and the offset ``D = round(strength *
-    (S - F))`` ticks shifts the latent touch of the event (both sides). So ``D`` at the slot's
-    event n is ``round(strength * sum_{j>=d} (a_s**(j-d) - a_f**(j-d)) I1[n-j])``: a causal
-    response to past imbalance that is 0 up to lag d, peaks at lag ~ d + ln(tau_s/tau_f) tau_s
-    tau_f / (tau_s - tau_f) and dies out after a few tau_s. Strength 0: D == 0, no change.
+    empty book), the driver ``x = I1 - snap_lean * imb[s]`` enters a ring of ``d`` =
+    ``st_ring.shape[1]`` events (0 before the session's first), ``F = a_f F + x[n-d]``, ``S =
+    a_s S + x[n-d]``, and at add/cancel/modify events (never at a trade, so a T record prints at
+    the previous record's touch) ``D = round(strength * (S - F))`` ticks. D *translates* the
+    written prices (touch, every level, the record's price); the book state machine itself (sizes,
+    draws) is the default one, so I1 is exactly the default market's and there is no feedback.
+    ``D(n) = round(strength * sum_{j>=d} (a_s**(j-d) - a_f**(j-d)) x[n-j])``: a causal response,
+    0 up to lag d, peaking at lag ~ d + ln(tau_s/tau_f) tau_s tau_f / (tau_s - tau_f), dying out
+    after a few tau_s. Strength 0: D == 0, no change.
     """
     n = ev_ts_recv.shape[0]
     m_max = 2 * n
@@ -184,18 +188,22 @@ def book_nb(
                 q1 = st_bsz[k, 0] + st_asz[k, 0]
                 if q1 > 0:
                     i1 = (st_bsz[k, 0] - st_asz[k, 0]) / q1
-            # The EWMAs read I1 `delay` events late: D then carries no weight at the short lags over
-            # which I1 itself is autocorrelated, so D(n) is ~uncorrelated with I1(n).
+            # The EWMAs read the driver `delay` events late, so D carries no weight at the short
+            # lags over which I1 is autocorrelated; the latent lean (slow, shared by many events)
+            # is taken out so D(n) does not already hold the slow part of I1(n): the AUC is back
+            # at 0.5 once the response has passed (h ~ 500).
             p = st_pos[k]
             x_in = st_ring[k, p]
-            st_ring[k, p] = i1
+            st_ring[k, p] = i1 - snap_lean * imb[s]
             st_pos[k] = p + 1 if p + 1 < st_ring.shape[1] else 0
             st_fast[k] = snap_a_fast * st_fast[k] + x_in
             st_slow[k] = snap_a_slow * st_slow[k] + x_in
-            st_off[k] = np.int64(np.round(snap_strength * (st_slow[k] - st_fast[k])))
+            if ev_kind[i] == 0:
+                st_off[k] = np.int64(np.round(snap_strength * (st_slow[k] - st_fast[k])))
         ev_off[i] = st_off[k]
-        tb = bid_tick[k, s] + st_off[k]
-        ta = ask_tick[k, s] + st_off[k]
+        off = st_off[k]
+        tb = bid_tick[k, s]
+        ta = ask_tick[k, s]
         base = depth_base[s]
         im = imb[s]
         moved = tb != st_bid[k] or ta != st_ask[k]
@@ -263,12 +271,12 @@ def book_nb(
             o_slot[m] = k
             o_action[m] = act
             o_side[m] = sd
-            o_price[m] = px
+            o_price[m] = px + off
             o_size[m] = qty
             o_depth[m] = dep
             o_seq[m] = ev_seq[i]
-            o_bid[m] = st_bid[k]
-            o_ask[m] = st_ask[k]
+            o_bid[m] = st_bid[k] + off
+            o_ask[m] = st_ask[k] + off
             for lv in range(10):
                 o_bsz[m, lv] = st_bsz[k, lv]
                 o_asz[m, lv] = st_asz[k, lv]
@@ -342,12 +350,12 @@ def book_nb(
         o_slot[m] = k
         o_action[m] = act
         o_side[m] = sd
-        o_price[m] = px
+        o_price[m] = px + off
         o_size[m] = qty
         o_depth[m] = dep
         o_seq[m] = ev_seq[i]
-        o_bid[m] = st_bid[k]
-        o_ask[m] = st_ask[k]
+        o_bid[m] = st_bid[k] + off
+        o_ask[m] = st_ask[k] + off
         for lv in range(10):
             o_bsz[m, lv] = st_bsz[k, lv]
             o_asz[m, lv] = st_asz[k, lv]
