@@ -25,6 +25,7 @@ from fx_assets.core.signal_report import (
     signal_report,
 )
 from fx_assets.core.synth import SynthConfig
+from fx_assets.core.trainers.gbt import GbtConfig, train_gbt
 from fx_assets_tests.core.test_synth_snapsig import DENSE, front_rows
 
 
@@ -130,7 +131,7 @@ def test_models_and_row_units_side_by_side(tmp_path: Path) -> None:
 
 
 def _market_report(
-    snap_signal: float, horizons: list[int], tmp_path: Path | None = None
+    snap_signal: float, horizons: list[int], tmp_path: Path | None = None, with_gbt: bool = False
 ) -> tuple[SignalReport, dict[int, float]]:
     """Report of the level-1-imbalance model ``P(up) = (1 + I1) / 2`` on the dense synthetic market:
     sessions 0-1 train (regime edges), 2-5 validation."""
@@ -144,28 +145,53 @@ def _market_report(
     mid = rows["mid"]
     vol = np.abs(np.diff(mid, prepend=mid[0]))
     rv = np.convolve(vol, np.ones(100) / 100, mode="full")[: mid.size]  # trailing 100-row mean |dmid|
-    regimes = {"spread": rows["spread"], "realised_vol": rv}
+    ts = rows["ts"]
+    dt100 = np.concatenate((np.full(100, np.nan), (ts[100:] - ts[:-100]) / 1e9))
+    rate = 100.0 / np.maximum(dt100, 1e-9)  # updates per second over the last 100 rows
+    regimes = {"spread": rows["spread"], "realised_vol": rv, "event_rate": rate}
     unit = RowUnitData(
         labels={lab.horizon: lab.classes.numpy()[n_train:] for lab in labels},
-        zero_share={lab.horizon: lab.shares["excluded"] for lab in labels},
+        zero_share={
+            lab.horizon: float((ch == 0).sum() / np.isfinite(ch).sum())
+            for lab in labels
+            for ch in [lab.change.numpy()[n_train:]]
+        },
         regimes_valid={k: v[n_train:] for k, v in regimes.items()},
         regimes_train={k: v[:n_train] for k, v in regimes.items()},
+        clock_ns=sl.horizon_clock_ns(ts[n_train:], br[n_train:], horizons),
     )
     imb = rows["imb"][n_train:]
-    rep = signal_report(
-        {("snapshot", "imbalance"): (1.0 + imb) / 2.0},
-        {"snapshot": unit},
-        SignalReportConfig(n_boot=50, n_perm=100),
-    )
+    preds: dict[tuple[str, str], Predictions] = {("snapshot", "imbalance"): (1.0 + imb) / 2.0}
+    if with_gbt:
+        # The corroborating model: LightGBM on (I1, spread, realised vol) fitted to the h = 50 labels.
+        x = np.column_stack((rows["imb"], rows["spread"], rv))
+        y50 = next(lab for lab in labels if lab.horizon == 50).classes.numpy()
+        g = train_gbt(
+            x[:n_train],
+            y50[:n_train],
+            x[n_train:],
+            GbtConfig(
+                sample_rows=20_000, stride=5, n_estimators=100, min_data_in_leaf=200, early_stopping_rounds=20
+            ),
+        )
+        preds[("snapshot", "gbt")] = g.proba
+    rep = signal_report(preds, {"snapshot": unit}, SignalReportConfig(n_boot=50, n_perm=100))
     if tmp_path is not None:
         rep.write(tmp_path)
     return rep, {c.horizon: c.auc for c in rep.curves()[("snapshot", "imbalance")]}
 
 
 def test_decay_curve_of_the_planted_market_peaks_at_the_planted_horizon(tmp_path: Path) -> None:
-    rep, a = _market_report(2.0, [1, 10, 20, 50, 100, 200, 500], tmp_path)
+    rep, a = _market_report(2.0, [1, 10, 20, 50, 100, 200, 500], tmp_path, with_gbt=True)
     peak = max(a, key=lambda h: a[h])
     assert peak in (20, 50), a
+    g = {c.horizon: c.auc for c in rep.curves()[("snapshot", "gbt")]}
+    assert max(g, key=lambda h: g[h]) in (20, 50), g  # the corroborating model sees the same peak
+    assert g[50] > 0.58, g
+    assert rep.cell("snapshot", "imbalance", 50, "event_rate", 3).n > 0
+    assert (
+        0 < rep.cell("snapshot", "imbalance", 50).clock_ns < rep.cell("snapshot", "imbalance", 500).clock_ns
+    )
     c = rep.cell("snapshot", "imbalance", peak)
     assert c.auc_lo > 0.55 and c.in_null_band is False
     assert rep.cell("snapshot", "imbalance", 500).in_null_band is True, a

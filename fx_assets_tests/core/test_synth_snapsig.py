@@ -25,10 +25,10 @@ DENSE = {"quarters": (Q,), "scale": 0.002, "seed": 3, "book_ratio": 50.0}
 
 
 def front_rows(cfg: SynthConfig, n_sessions: int) -> dict[str, np.ndarray]:
-    """mid (f64, index points), spread (index points), level-1 imbalance and session id of the
-    front outright's book records over the quarter's first ``n_sessions`` sessions."""
+    """mid (f64, index points), spread (index points), level-1 imbalance, session id and ts_recv
+    (ns) of the front outright's book records over the quarter's first ``n_sessions`` sessions."""
     plan, sessions = iter_quarter_records(cfg, "ES.FUT", cfg.quarters[0])
-    mids, imbs, sess, spreads = [], [], [], []
+    mids, imbs, sess, spreads, ts = [], [], [], [], []
     for sr in sessions:
         if sr.index >= n_sessions:
             break
@@ -38,12 +38,14 @@ def front_rows(cfg: SynthConfig, n_sessions: int) -> dict[str, np.ndarray]:
         imbs.append((b["bid_sz_00"].astype(np.float64) - b["ask_sz_00"]) / q)
         mids.append((b["bid_px_00"].astype(np.float64) + b["ask_px_00"]) / 2e9)
         spreads.append((b["ask_px_00"].astype(np.float64) - b["bid_px_00"]) / 1e9)
+        ts.append(b["ts_recv"].astype(np.int64))
         sess.append(np.full(b.size, sr.index))
     return {
         "mid": np.concatenate(mids),
         "spread": np.concatenate(spreads),
         "imb": np.concatenate(imbs),
         "session": np.concatenate(sess),
+        "ts": np.concatenate(ts),
     }
 
 
