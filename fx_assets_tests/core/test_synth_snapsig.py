@@ -9,6 +9,7 @@ is back near 0.5 by 500; with the plant off (``--null``) it is ~0.5 at every hor
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import databento as db
@@ -129,9 +130,45 @@ def test_plant_off_is_the_default_market_bit_for_bit(tmp_path: Path) -> None:
         assert (bi["bid_px_00"] < bi["ask_px_00"]).all()
 
 
-def test_cli_null_refuses_a_snap_signal(tmp_path: Path) -> None:
+def test_cli_snap_signal_and_null(tmp_path: Path) -> None:
     from fx_assets.cli import main
 
-    rc = main(["synth", "--out", str(tmp_path), "--quarters", "2024-Q2", "--null", "--snap-signal", "1"])
+    rc = main(
+        ["synth", "--out", str(tmp_path / "n"), "--quarters", "2024-Q2", "--null", "--snap-signal", "1"]
+    )
     assert rc == 2
-    assert not (tmp_path / "raw").exists()
+    assert not (tmp_path / "n" / "raw").exists()
+    args = [
+        "synth",
+        "--out",
+        str(tmp_path / "s"),
+        "--quarters",
+        "2024-Q2",
+        "--scale",
+        "0.0003",
+        "--book-ratio",
+        "1",
+    ]
+    assert main([*args, "--snap-signal", "1.5"]) == 0
+    man = json.loads((tmp_path / "s/raw/synth_manifest.json").read_text())
+    assert man["config"]["snap_signal"] == 1.5 and man["signal"]["null"] is False
+    assert "level-1 queue imbalance" in man["signal"]["snap_description"]
+    assert (
+        main(
+            [
+                "synth",
+                "--out",
+                str(tmp_path / "d"),
+                "--quarters",
+                "2024-Q2",
+                "--scale",
+                "0.0003",
+                "--book-ratio",
+                "1",
+                "--null",
+            ]
+        )
+        == 0
+    )
+    man0 = json.loads((tmp_path / "d/raw/synth_manifest.json").read_text())
+    assert "snap_signal" not in man0["config"] and man0["signal"]["null"] is True
