@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 from pydantic import Field
 
 from fx_assets.core import metrics as M
@@ -294,12 +295,42 @@ class _Prepared:
 
     def auc_acc(self, counts: npt.NDArray[np.int64]) -> tuple[float, float]:
         """Weighted AUC (ties: half credit) and accuracy with row weights ``counts[rows]``."""
-        w = counts[self.rows].astype(np.float64)
-        wp = np.bincount(self.grp, weights=w * self.pos, minlength=self.n_grp)
-        wn = np.bincount(self.grp, weights=w * (1.0 - self.pos), minlength=self.n_grp)
-        n1, n0, tot = wp.sum(), wn.sum(), w.sum()
-        a = float((wp * (np.cumsum(wn) - 0.5 * wn)).sum() / (n1 * n0)) if n1 > 0 and n0 > 0 else math.nan
-        return a, float((w * self.correct).sum() / tot) if tot > 0 else math.nan
+        a, acc = _auc_acc_nb(self.rows, self.grp, self.pos, self.correct, counts)
+        return float(a), float(acc)
+
+
+@njit(cache=True)
+def _auc_acc_nb(
+    rows: np.ndarray, grp: np.ndarray, pos: np.ndarray, correct: np.ndarray, counts: np.ndarray
+) -> tuple[float, float]:
+    """One pass over rows sorted by score: sum over tie groups of w_up (w_down below + w_down/2)."""
+    m = rows.shape[0]
+    below = 0.0
+    num = 0.0
+    n1 = 0.0
+    cor = 0.0
+    i = 0
+    while i < m:
+        g = grp[i]
+        wp = 0.0
+        wn = 0.0
+        j = i
+        while j < m and grp[j] == g:
+            w = float(counts[rows[j]])
+            if pos[j] > 0.5:
+                wp += w
+            else:
+                wn += w
+            cor += w * correct[j]
+            j += 1
+        num += wp * (below + 0.5 * wn)
+        below += wn
+        n1 += wp
+        i = j
+    n0 = below
+    a = num / (n1 * n0) if n1 > 0 and n0 > 0 else np.nan
+    acc = cor / (n1 + n0) if n1 + n0 > 0 else np.nan
+    return a, acc
 
 
 def _interval(x: F64, level: float) -> tuple[float, float]:
