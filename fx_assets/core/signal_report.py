@@ -16,7 +16,8 @@ Definitions (per row unit, over its validation rows in time order):
 - **Regime quintiles**: for each regime variable (e.g. spread, realised volatility, event rate)
   the quintile edges are the 20/40/60/80% quantiles of its values on the **training rows only**
   (``RowUnitData.regimes_train``); validation rows fall into quintile ``q`` when
-  ``edge[q-1] <= v < edge[q]`` (non-finite values: no quintile).
+  ``edge[q-1] <= v < edge[q]`` (non-finite values: no quintile; ties in the training values,
+  e.g. a one-tick spread on most rows, give equal edges and so empty bins, reported with n 0).
 - **Error bars**: a moving-block bootstrap of the validation rows (Künsch 1989): ``ceil(n/L)``
   blocks of ``L`` consecutive rows with starts drawn uniformly from ``[0, n-L]``, concatenated
   and cut to ``n`` rows; the interval is the percentile interval of ``n_boot`` replicates. The

@@ -204,3 +204,26 @@ def test_null_market_every_horizon_inside_the_null_band() -> None:
     rep, _a = _market_report(0.0, [10, 20, 50, 100, 500])
     for c in rep.curves()[("snapshot", "imbalance")]:
         assert c.in_null_band is True, (c.horizon, c.auc, c.null_sd)
+
+
+def test_replicate_auc_equals_auc_of_the_resampled_rows() -> None:
+    """The one-pass weighted AUC / accuracy equals metrics.auc on the rows repeated by their
+    counts, ties included (scores on a coarse grid)."""
+    from fx_assets.core.signal_report import _Prepared, block_starts, replicate_counts
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    s = np.round(rng.random(n), 1)  # many ties
+    up = rng.random(n) < 0.3 + 0.4 * s
+    rows = np.arange(n)
+    pr = _Prepared.of(s, up, rows)
+    a1, acc1 = pr.auc_acc(np.ones(n, dtype=np.int64))
+    assert a1 == pytest.approx(auc(s, up)) and acc1 == pytest.approx(float(((s > 0.5) == up).mean()))
+    st = block_starts(n, 70, 3, rng)
+    for b in range(3):
+        c = replicate_counts(st[b], n, 70)
+        assert c.sum() == n
+        idx = np.repeat(rows, c)
+        a, acc = pr.auc_acc(c)
+        assert a == pytest.approx(auc(s[idx], up[idx]))
+        assert acc == pytest.approx(float(((s[idx] > 0.5) == up[idx]).mean()))
