@@ -83,6 +83,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from fx_assets.core.synth import SynthConfig, generate_market
 
     symbols = tuple(s.strip() for s in args.symbols.split(",") if s.strip())
+    if args.null and args.snap_signal != 0.0:
+        console.print("[red]--null plants no signal: it cannot be combined with --snap-signal[/]")
+        return 2
     config = SynthConfig(
         symbols=symbols,
         quarters=tuple(quarter_range(args.quarters)),
@@ -90,6 +93,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         seed=args.seed,
         signal=0.0 if args.null else args.signal,
         book_ratio=args.book_ratio,
+        snap_signal=args.snap_signal,
     )
     t0 = time.perf_counter()
     with _progress() as progress:
@@ -338,7 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--book-ratio", type=float, default=0.1, help="book (MBP-10) records per trade")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--signal", type=float, default=0.0, help="planted order-flow signal strength")
-    g.add_argument("--null", action="store_true", help="plant no signal (the default)")
+    g.add_argument("--null", action="store_true", help="plant no signal of either kind (the default)")
+    p.add_argument(
+        "--snap-signal",
+        type=float,
+        default=0.0,
+        help="planted event-time signal: level-1 imbalance -> mid ~20-50 book updates ahead "
+        "(ticks per unit response; 0 = off; not with --null)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_synth)
 

@@ -38,6 +38,27 @@ from fx_assets.core.synth.dbn_writer import (
 )
 
 BOOK_CHUNK_EVENTS = 65_536  # book kernel chunk: bounds the MBP-10 working set (~50 MB)
+SNAP_TAU_FAST = 15.0  # snapshot signal: fast EWMA time constant of I1, in book events of the contract
+SNAP_TAU_SLOW = 100.0  # ... and the slow one
+SNAP_LEAN = 0.3  # driver I1 - 0.3 tanh(I): the latent lean of I1 out (fresh-queue slope ~0.35 x 0.93)
+SNAP_DELAY = 8  # events: the EWMAs read I1 this late, so the response peaks ~8 + 34 = 42 later
+
+SNAP_SIGNAL_DESCRIPTION = (
+    "Event-time snapshot signal (off unless snap_signal != 0): before each book event n of an "
+    "outright, with I1 = (Qb1 - Qa1)/(Qb1 + Qa1) the level-1 queue imbalance of its book after "
+    "event n-1 and x = I1 - 0.3 tanh(I) (I the latent flow imbalance of the second: its lean of "
+    "the fresh queue sizes taken out), F = a_f F + x(n-d) and S = a_s S + x(n-d) (a = 1 - 1/tau, "
+    "tau_f = 15, tau_s = 100 events, delay d = 8 events, state carried across a quarter's sessions); at "
+    "add/cancel/modify events D = round(snap_signal * (S - F)) ticks, and every written price of "
+    "the outright (touch, all levels, record price, trades in both files) is the default "
+    "market's plus D (a translation: sizes and draws are the default market's). D(n) = "
+    "round(snap_signal * sum_{j>=d} (a_s^(j-d) - a_f^(j-d)) x(n-j)): an update's level-1 "
+    "imbalance moves the mid in its direction with a response that is 0 for 8 updates, peaks "
+    "about 42 updates later and is below 1% of its peak by 500. So the level-1 imbalance predicts "
+    "the sign of the mid move h updates ahead with a strength peaking at h ~ 20-50 and gone by "
+    "h ~ 500 (measured: docs/synthetic-market.md). snap_signal = 0 (and --null): D == 0, the "
+    "files are exactly the default market's."
+)
 
 SIGNAL_DESCRIPTION = (
     "Causal order-flow signal on a 1-second grid. ft[s] = E_s(signed outright volume) / "
@@ -63,6 +84,9 @@ class SynthConfig:
     seed: int = 0
     signal: float = 0.0  # planted order-flow signal strength; 0.0 == --null
     book_ratio: float = 0.1  # book (MBP-10) records per outright trade
+    # planted event-time signal, ticks per unit of the imbalance response (SNAP_SIGNAL_DESCRIPTION);
+    # 0.0 == off (--null); != 0 makes a session's book be built before its trades are written
+    snap_signal: float = 0.0
 
     def validate(self) -> None:
         if not self.quarters:
@@ -87,11 +111,18 @@ class SynthConfig:
             raise FxDataError(f"synth config: book_ratio must be >= 0, got {self.book_ratio}")
         if not np.isfinite(self.signal):
             raise FxDataError(f"synth config: signal must be finite, got {self.signal}")
+        if not np.isfinite(self.snap_signal):
+            raise FxDataError(f"synth config: snap_signal must be finite, got {self.snap_signal}")
         if not 0 <= self.seed < 2**32:
             raise FxDataError(f"synth config: seed must be in [0, 2**32), got {self.seed}")
 
+    @property
+    def null(self) -> bool:
+        """No planted signal of either kind."""
+        return self.signal == 0.0 and self.snap_signal == 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "symbols": list(self.symbols),
             "quarters": [calendar.quarter_label(q) for q in self.quarters],
             "scale": self.scale,
@@ -99,6 +130,9 @@ class SynthConfig:
             "signal": self.signal,
             "book_ratio": self.book_ratio,
         }
+        if self.snap_signal != 0.0:  # absent when off: the default manifest stays byte-identical
+            d["snap_signal"] = self.snap_signal
+        return d
 
 
 @dataclass
@@ -194,6 +228,30 @@ def _book_records(plan: market.QuarterPlan, out: tuple[Any, ...]) -> np.ndarray:
     return rec
 
 
+def _shift_trades(
+    t: market.SessionTrades, b: market.SessionBookInput, ev_off: np.ndarray
+) -> market.SessionTrades:
+    """The session's trades with outright prices moved by the snapshot-signal offset of the book
+    they met: a trade in the book feed takes its own event's offset (so it equals its ``T``
+    record); any other outright trade the offset of the last book event of its instrument at or
+    before its ``ts_recv`` (0 before the first). Spread prices are left alone."""
+    price = t.price_tick.copy()
+    for k in (0, 1):
+        sel = np.flatnonzero(t.slot == k)
+        e_k = np.flatnonzero(b.ev_slot == k)
+        if sel.size == 0 or e_k.size == 0:
+            continue
+        pos = np.searchsorted(b.ev_ts_recv[e_k], t.ts_recv[sel], side="right") - 1
+        off = np.where(pos >= 0, ev_off[e_k[np.maximum(pos, 0)]], 0)
+        price[sel] += off
+    is_t = np.flatnonzero(b.ev_kind == 1)
+    if is_t.size:
+        # T events carry the trade's sequence number: seq_start + index in the session's trades
+        idx = b.ev_seq[is_t] - t.sequence[0]
+        price[idx] = t.price_tick[idx] + ev_off[is_t]
+    return dataclasses.replace(t, price_tick=price)
+
+
 @dataclass
 class SessionRecords:
     """One session's records: the trades array and the MBP-10 chunks (a lazy iterator)."""
@@ -226,6 +284,13 @@ def iter_quarter_records(
         last_ts = np.zeros(1, dtype=np.int64)
         d = 0.0
         seq = 1_000_000
+        # Snapshot-signal state carries across the quarter's sessions like the book state (a T
+        # record at a session's start then still prints at the previous record's touch).
+        st_fast = np.zeros(n_slots, dtype=np.float64)
+        st_slow = np.zeros(n_slots, dtype=np.float64)
+        st_off = np.zeros(n_slots, dtype=np.int64)
+        st_ring = np.zeros((n_slots, SNAP_DELAY), dtype=np.float64)
+        st_pos = np.zeros(n_slots, dtype=np.int64)
         for i in range(plan.sessions.size):
             res = market.simulate_session(
                 plan,
@@ -240,8 +305,17 @@ def iter_quarter_records(
             d = res.d_end
             seq += res.trades.ts_event.size
             b = res.book
+            ev_off = np.zeros(b.ev_ts_recv.size, dtype=np.int64)
 
-            def chunks(b: market.SessionBookInput = b) -> Iterator[np.ndarray]:
+            def chunks(
+                b: market.SessionBookInput = b,
+                st_fast: np.ndarray = st_fast,
+                st_slow: np.ndarray = st_slow,
+                st_off: np.ndarray = st_off,
+                st_ring: np.ndarray = st_ring,
+                st_pos: np.ndarray = st_pos,
+                ev_off: np.ndarray = ev_off,
+            ) -> Iterator[np.ndarray]:
                 n_ev = b.ev_ts_recv.size
                 for ci, lo in enumerate(range(0, n_ev, BOOK_CHUNK_EVENTS)):
                     hi = min(n_ev, lo + BOOK_CHUNK_EVENTS)
@@ -266,11 +340,29 @@ def iter_quarter_records(
                         st_act,
                         last_ts,
                         np.random.default_rng([b.kernel_seed, ci]),
+                        float(config.snap_signal),
+                        1.0 - 1.0 / SNAP_TAU_FAST,
+                        1.0 - 1.0 / SNAP_TAU_SLOW,
+                        st_fast,
+                        st_slow,
+                        st_off,
+                        st_ring,
+                        st_pos,
+                        SNAP_LEAN,
+                        ev_off[lo:hi],
                     )
                     yield _book_records(plan, out)
 
+            trades = res.trades
+            book_chunks: Iterator[np.ndarray] = chunks()
+            if config.snap_signal != 0.0:
+                # The offsets are known only once the book has run: build the session's book
+                # first, then print every outright trade at the book it met.
+                built = list(book_chunks)
+                trades = _shift_trades(trades, b, ev_off)
+                book_chunks = iter(built)
             yield SessionRecords(
-                i, int(plan.sessions[i]), _trade_records(plan, res.trades), chunks(), res.log_level_end
+                i, int(plan.sessions[i]), _trade_records(plan, trades), book_chunks, res.log_level_end
             )
 
     return plan, gen()
@@ -410,8 +502,13 @@ def manifest_dict(config: SynthConfig, report: SynthReport) -> dict[str, Any]:
         "config": config.to_dict(),
         "signal": {
             "strength": config.signal,
-            "null": config.signal == 0.0,
+            "null": config.null,
             "description": SIGNAL_DESCRIPTION,
+            **(
+                {"snap_strength": config.snap_signal, "snap_description": SNAP_SIGNAL_DESCRIPTION}
+                if config.snap_signal != 0.0
+                else {}
+            ),
         },
         "model": consts,
         "book_feed": {

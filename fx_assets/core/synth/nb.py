@@ -2,8 +2,9 @@
 
 Owns the three sequential recursions that numpy cannot vectorise: the AR(1) latent order-flow
 imbalance, the causal signal/impact path driven by realised order flow, and the MBP-10 book
-state machine that turns a time-ordered event list into book records. Callers in
-``market.py`` validate shapes and document units.
+state machine that turns a time-ordered event list into book records (with the optional
+event-time snapshot signal: a touch offset driven by the book's own level-1 imbalance).
+Callers in ``market.py`` / ``generate.py`` validate shapes and document units.
 """
 
 from __future__ import annotations
@@ -101,6 +102,16 @@ def book_nb(
     st_act: np.ndarray,  # int64 [n_slots, 10]
     last_ts: np.ndarray,  # int64 [1] ts_recv of the last record written (monotonic guard)
     rng: np.random.Generator,
+    snap_strength: float,  # planted snapshot signal, ticks per unit of x (0: off, no effect)
+    snap_a_fast: float,  # per-event decay of the fast EWMA of I1 (1 - 1/tau_fast)
+    snap_a_slow: float,  # per-event decay of the slow EWMA of I1 (1 - 1/tau_slow)
+    st_fast: np.ndarray,  # float64 [n_slots] state: fast sum F
+    st_slow: np.ndarray,  # float64 [n_slots] state: slow sum S
+    st_off: np.ndarray,  # int64 [n_slots] state: touch offset D in ticks
+    st_ring: np.ndarray,  # float64 [n_slots, delay] state: the last `delay` I1 values (delay >= 1)
+    st_pos: np.ndarray,  # int64 [n_slots] state: ring position (oldest entry)
+    snap_lean: float,  # the driver is I1 - snap_lean * imb[s] (the latent lean's share of I1 removed)
+    ev_off: np.ndarray,  # int64 [n] out: the offset D the event's book was placed with
 ) -> tuple[
     np.ndarray,
     np.ndarray,
@@ -129,6 +140,18 @@ def book_nb(
     instrument. Outputs (m = records written): ts_recv, ts_event, slot, action (ASCII),
     side (ASCII), price (ticks), size, depth, seq, bid/ask ticks [m] of level 0, bsz/asz/bct/
     act [m, 10]; bid level k = bid0 - k ticks, ask level k = ask0 + k ticks.
+
+    Snapshot signal (``snap_strength != 0``): before event i of slot k, with ``I1`` the level-1
+    imbalance ``(Qb1 - Qa1)/(Qb1 + Qa1)`` of the slot's book after its previous event (0 on an
+    empty book), the driver ``x = I1 - snap_lean * imb[s]`` enters a ring of ``d`` =
+    ``st_ring.shape[1]`` events (0 before the session's first), ``F = a_f F + x[n-d]``, ``S =
+    a_s S + x[n-d]``, and at add/cancel/modify events (never at a trade, so a T record prints at
+    the previous record's touch) ``D = round(strength * (S - F))`` ticks. D *translates* the
+    written prices (touch, every level, the record's price); the book state machine itself (sizes,
+    draws) is the default one, so I1 is exactly the default market's and there is no feedback.
+    ``D(n) = round(strength * sum_{j>=d} (a_s**(j-d) - a_f**(j-d)) x[n-j])``: a causal response,
+    0 up to lag d, peaking at lag ~ d + ln(tau_s/tau_f) tau_s tau_f / (tau_s - tau_f), dying out
+    after a few tau_s. Strength 0: D == 0, no change.
     """
     n = ev_ts_recv.shape[0]
     m_max = 2 * n
@@ -159,6 +182,26 @@ def book_nb(
     for i in range(n):
         k = ev_slot[i]
         s = ev_sec[i]
+        if snap_strength != 0.0:
+            i1 = 0.0
+            if st_bid[k] >= 0:
+                q1 = st_bsz[k, 0] + st_asz[k, 0]
+                if q1 > 0:
+                    i1 = (st_bsz[k, 0] - st_asz[k, 0]) / q1
+            # The EWMAs read the driver `delay` events late, so D carries no weight at the short
+            # lags over which I1 is autocorrelated; the latent lean (slow, shared by many events)
+            # is taken out so D(n) does not already hold the slow part of I1(n): the AUC is back
+            # at 0.5 once the response has passed (h ~ 500).
+            p = st_pos[k]
+            x_in = st_ring[k, p]
+            st_ring[k, p] = i1 - snap_lean * imb[s]
+            st_pos[k] = p + 1 if p + 1 < st_ring.shape[1] else 0
+            st_fast[k] = snap_a_fast * st_fast[k] + x_in
+            st_slow[k] = snap_a_slow * st_slow[k] + x_in
+            if ev_kind[i] == 0:
+                st_off[k] = np.int64(np.round(snap_strength * (st_slow[k] - st_fast[k])))
+        ev_off[i] = st_off[k]
+        off = st_off[k]
         tb = bid_tick[k, s]
         ta = ask_tick[k, s]
         base = depth_base[s]
@@ -228,12 +271,12 @@ def book_nb(
             o_slot[m] = k
             o_action[m] = act
             o_side[m] = sd
-            o_price[m] = px
+            o_price[m] = px + off
             o_size[m] = qty
             o_depth[m] = dep
             o_seq[m] = ev_seq[i]
-            o_bid[m] = st_bid[k]
-            o_ask[m] = st_ask[k]
+            o_bid[m] = st_bid[k] + off
+            o_ask[m] = st_ask[k] + off
             for lv in range(10):
                 o_bsz[m, lv] = st_bsz[k, lv]
                 o_asz[m, lv] = st_asz[k, lv]
@@ -307,12 +350,12 @@ def book_nb(
         o_slot[m] = k
         o_action[m] = act
         o_side[m] = sd
-        o_price[m] = px
+        o_price[m] = px + off
         o_size[m] = qty
         o_depth[m] = dep
         o_seq[m] = ev_seq[i]
-        o_bid[m] = st_bid[k]
-        o_ask[m] = st_ask[k]
+        o_bid[m] = st_bid[k] + off
+        o_ask[m] = st_ask[k] + off
         for lv in range(10):
             o_bsz[m, lv] = st_bsz[k, lv]
             o_asz[m, lv] = st_asz[k, lv]
