@@ -22,6 +22,8 @@ $(VENV)/.installed: pyproject.toml
 	# Machines without CUDA get the CPU build of torch (it lies on disk here); with CUDA, pip's default.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[dev]'
+	# LightGBM's wheel links the system OpenMP runtime (libgomp1 on Debian).
+	ldconfig -p | grep -q 'libgomp.so.1 ' || { apt-get update -qq && apt-get install -y -qq libgomp1; }
 	touch $@
 
 # Dagster's SQLite storage migrates itself on first use, and two first users at once break it
