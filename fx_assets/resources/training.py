@@ -26,6 +26,7 @@ from pydantic import Field, PrivateAttr
 
 from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
+from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, default_device
 from fx_assets.core.fold_stream import StreamedRows, default_budget_bytes, fold_device_bytes, plan_fold
 from fx_assets.core.folds import FoldConfig
@@ -152,7 +153,7 @@ class ResidentQuarters:
 MODEL_KEY_EXCLUDED = frozenset({"storage", "pipeline"})
 
 
-class DeviceFxCacheLoader(dg.ConfigurableIOManager):
+class DeviceFxCacheLoader(dg.ConfigurableIOManager, ConfigModel):
     """Loads fxcache partitions onto the device once per run; returns ResidentQuarters."""
 
     storage: dg.ResourceDependency[FxStorage]
