@@ -737,16 +737,17 @@ def _rolling_z_nb(x, w):
 
 
 @njit(cache=True)
-def _cusum_nb(r, sigma, session, k):
+def _cusum_into_nb(r, sigma, session, k, ev, dirn, since):
     """Symmetric CUSUM on log close (increments r): S+ = max(0, S+ + r), S- = min(0, S- + r);
     event if S- < -h (reset S-) else if S+ > h (reset S+), h = k * sigma_{j-1}. Restarts at
-    each session's first bar (no event there before sigma exists). Returns event flag, the
-    direction of the latest event in the session (0 if none) and bars since that event (or
-    since the session's first bar)."""
+    each session's first bar (no event there before sigma exists). Writes, in place, the event
+    flag, the direction of the latest event in the session (0 if none) and bars since that
+    event (or since the session's first bar); an output of length 0 is not wanted and not
+    written (the CUSUM filter alone needs only the flags: no memory traffic for the others)."""
     nb = r.shape[0]
-    ev = np.zeros(nb, np.float64)
-    dirn = np.zeros(nb, np.float64)
-    since = np.zeros(nb, np.float64)
+    want_e = ev.shape[0] == nb
+    want_d = dirn.shape[0] == nb
+    want_s = since.shape[0] == nb
     sp = 0.0
     sm = 0.0
     last = 0.0
@@ -759,20 +760,36 @@ def _cusum_nb(r, sigma, session, k):
             ref = j
         sp = max(0.0, sp + r[j])
         sm = min(0.0, sm + r[j])
+        e = 0.0
         if j > 0:
             h = k * sigma[j - 1]
             if sm < -h:
                 sm = 0.0
-                ev[j] = 1.0
+                e = 1.0
                 last = -1.0
                 ref = j
             elif sp > h:
                 sp = 0.0
-                ev[j] = 1.0
+                e = 1.0
                 last = 1.0
                 ref = j
-        dirn[j] = last
-        since[j] = j - ref
+        if want_e:
+            ev[j] = e
+        if want_d:
+            dirn[j] = last
+        if want_s:
+            since[j] = j - ref
+    return
+
+
+@njit(cache=True)
+def _cusum_nb(r, sigma, session, k):
+    """``_cusum_into_nb`` into three new arrays: event flag, direction, bars since the event."""
+    nb = r.shape[0]
+    ev = np.empty(nb, np.float64)
+    dirn = np.empty(nb, np.float64)
+    since = np.empty(nb, np.float64)
+    _cusum_into_nb(r, sigma, session, k, ev, dirn, since)
     return ev, dirn, since
 
 
