@@ -251,8 +251,8 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    # S goes to atr (without atr: to natr) block by block; NATR = 100 S / C is then taken over
-    # the block, still in L1, in a loop of its own (vectorised divisions, off the recursion)
+    # S (to atr) and NATR = 100 S / C (to natr) are written bar by bar inside the recursion's
+    # loop: the divisions are off its critical path and overlap with it
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
@@ -260,18 +260,9 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
         while k0 < e:
             k1 = min(k0 + _BLOCK, e)
             hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
-            if want_a:
-                raw = atr[k0:k1]
-                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, raw)
-                if want_n:
-                    pct = natr[k0:k1]
-                    for i in range(k1 - k0):
-                        pct[i] = 100.0 * raw[i] / cb[i]
-            else:
-                pct = natr[k0:k1]
-                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, pct)
-                for i in range(k1 - k0):
-                    pct[i] = 100.0 * pct[i] / cb[i]
+            raw = atr[k0:k1] if want_a else atr
+            pct = natr[k0:k1] if want_n else natr
+            s = _wilder_tr_block(hb, lb, pc, cb, s, a, b, a2, raw, pct)
             k0 = k1
         if e == nb:
             break
@@ -286,43 +277,85 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
 
 
 @njit(cache=True, error_model="numpy")
-def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
-    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), four
-    bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a + TR_{k+3}) b,
-    the three bars between from S_{k-1} likewise (off the recursion's critical path). Writes S;
-    returns the last. Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+def _wilder_tr_block(h, lo, pc, cb, s, a, b, a2, atr, natr):
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes, cb: the
+    closes), four bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a
+    + TR_{k+3}) b, the three bars between from S_{k-1} likewise (off the recursion's critical
+    path). Writes S to ``atr`` and 100 S / C to ``natr`` where each has the block's length (an
+    empty one is not wanted); returns the last S. Indices run from 0 over slices (no
+    wraparound test, see _bb_pctb_nb)."""
     a3 = a2 * a
     a4 = a2 * a2
     m = h.shape[0]
-    for i in range(m // 4):
-        p = 4 * i
-        t1 = _true_range(h[p], lo[p], pc[p])
-        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
-        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
-        u2 = t1 * a + t2
-        u3 = u2 * a + t3
-        u4 = u3 * a + t4
-        out[p] = s * a + t1 * b
-        out[p + 1] = s * a2 + u2 * b
-        out[p + 2] = s * a3 + u3 * b
-        s = s * a4 + u4 * b
-        out[p + 3] = s
+    want_a = atr.shape[0] == m
+    want_n = natr.shape[0] == m
+    # one loop per wanted set (a test inside the loop keeps it from being scheduled well)
+    if want_a and want_n:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            atr[p] = x1
+            atr[p + 1] = x2
+            atr[p + 2] = x3
+            atr[p + 3] = s
+            natr[p] = 100.0 * x1 / cb[p]
+            natr[p + 1] = 100.0 * x2 / cb[p + 1]
+            natr[p + 2] = 100.0 * x3 / cb[p + 2]
+            natr[p + 3] = 100.0 * s / cb[p + 3]
+    elif want_n:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            natr[p] = 100.0 * x1 / cb[p]
+            natr[p + 1] = 100.0 * x2 / cb[p + 1]
+            natr[p + 2] = 100.0 * x3 / cb[p + 2]
+            natr[p + 3] = 100.0 * s / cb[p + 3]
+    else:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            if want_a:
+                atr[p] = x1
+                atr[p + 1] = x2
+                atr[p + 2] = x3
+                atr[p + 3] = s
     r = m % 4
     if r:  # a partial step: the same formulas (a series cut here keeps every bar's value)
         p = m - r
         t1 = _true_range(h[p], lo[p], pc[p])
         s1 = s * a + t1 * b
-        out[p] = s1
+        _put_atr(atr, natr, cb, p, s1, want_a, want_n)
         if r > 1:
             u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
             s1 = s * a2 + u2 * b
-            out[p + 1] = s1
+            _put_atr(atr, natr, cb, p + 1, s1, want_a, want_n)
             if r > 2:
                 s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
-                out[p + 2] = s1
+                _put_atr(atr, natr, cb, p + 2, s1, want_a, want_n)
         s = s1
     return s
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4):
+    """Bars p..p+3 of the four-bar step from S_{p-1} = s: their S, the last being the new s."""
+    t1 = _true_range(h[p], lo[p], pc[p])
+    t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+    t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
+    t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
+    u2 = t1 * a + t2
+    u3 = u2 * a + t3
+    u4 = u3 * a + t4
+    return s * a + t1 * b, s * a2 + u2 * b, s * a3 + u3 * b, s * a4 + u4 * b
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _put_atr(atr, natr, cb, p, s, want_a, want_n):
+    """Bar p's ATR S and NATR 100 S / C, where wanted."""
+    if want_a:
+        atr[p] = s
+    if want_n:
+        natr[p] = 100.0 * s / cb[p]
 
 
 @njit(cache=True, inline="always")
