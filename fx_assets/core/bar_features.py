@@ -475,18 +475,13 @@ def _rsi_nb(o, c, inst, n):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    tot_buf = np.empty(_BLOCK, np.float64)
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
         k0 = j
         while k0 < e:
             k1 = min(k0 + _BLOCK, e)
-            blk = out[k0:k1]
-            tots = tot_buf[: k1 - k0]
-            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, blk, tots)
-            for i in range(k1 - k0):
-                blk[i] = 100.0 * blk[i] / tots[i] if tots[i] > 0.0 else 50.0
+            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, out[k0:k1])
             k0 = k1
         if e == nb:
             break
@@ -503,11 +498,11 @@ def _rsi_nb(o, c, inst, n):
 
 
 @njit(cache=True, error_model="numpy")
-def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
+def _rsi_block(c, pc, g, lo, a, b, a2, out):
     """Wilder means of gains / losses over a block without a roll, two bars per step
     (G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b; a partial step is the step's first bar, so a
-    cut series keeps every value); writes the gain mean and gain + loss mean; returns the
-    last pair."""
+    cut series keeps every value); writes RSI = 100 G / (G + L) (50 where G + L == 0) inside
+    the recursion's loop (the divisions overlap with it); returns the last pair."""
     m = c.shape[0]
     for i in range(m // 2):
         p = 2 * i
@@ -519,20 +514,25 @@ def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
         u2 = d2 if d2 > 0.0 else 0.0
         v2 = -d2 if d2 < 0.0 else 0.0
         g1 = g * a + u1 * b
-        gain_out[p] = g1
-        tot_out[p] = g1 + (lo * a + v1 * b)
+        t1 = g1 + (lo * a + v1 * b)
         g = g * a2 + (u1 * a + u2) * b
         lo = lo * a2 + (v1 * a + v2) * b
-        gain_out[q] = g
-        tot_out[q] = g + lo
+        t2 = g + lo
+        out[p] = _rsi_value(g1, t1)
+        out[q] = _rsi_value(g, t2)
     if m % 2:
         p = m - 1
         d = c[p] - pc[p]
         g = g * a + (d if d > 0.0 else 0.0) * b
         lo = lo * a + (-d if d < 0.0 else 0.0) * b
-        gain_out[p] = g
-        tot_out[p] = g + lo
+        out[p] = _rsi_value(g, g + lo)
     return g, lo
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _rsi_value(g, tot):
+    """100 G / (G + L), 50 for a flat window (G + L == 0)."""
+    return 100.0 * g / tot if tot > 0.0 else 50.0
 
 
 @njit(cache=True)
