@@ -17,9 +17,10 @@ or ``bench_peers_quick.json``):
   session and one instrument (finmlkit knows neither, so no forced closes on either side);
 - CUSUM filter, constant threshold, vs ``finmlkit.sampling.filters.cusum_filter`` on the trade
   prices and on the volume bars' closes (what the bar features run it on); fx_assets: the log
-  returns (numpy) + the CUSUM kernel of the bar features, which writes three feature columns
-  (event flag, direction of the last event, bars since it) where finmlkit returns the event
-  indices only, and runs on one thread where finmlkit's log returns use ``prange``;
+  returns (numpy) + the CUSUM kernel of the bar features asked for its event-flag column only
+  (the feature table also asks for the direction of the last event and the bars since it),
+  then ``np.flatnonzero``, where finmlkit returns the event indices; on one thread where
+  finmlkit's log returns use ``prange``;
 - EMA tick / volume imbalance bars vs mlfinpy on the first ``mlfinpy_trades`` trades (mlfinpy is a
   Python loop per trade), extrapolated per trade to the whole quarter; fx_assets with the tick
   rule (sign 0) like mlfinpy. The two differ in details (fx_assets: EWMA of E0[T] with a floor and
@@ -309,15 +310,18 @@ def bench_volume_bars(peer: Peer, p: dict[str, Any], rounds: int, work: Path) ->
 
 def _fx_cusum(price: np.ndarray, sigma: np.ndarray, session: np.ndarray, h: float) -> np.ndarray:
     """Log returns (numpy; finmlkit computes them inside its call too) + the CUSUM kernel of the
-    bar features. ``sigma`` (ones: threshold = h) and ``session`` (one session) stand for the
-    inputs the pipeline already holds (EWMA volatility, session ids), so they are made outside."""
-    from fx_assets.core.bar_features import _cusum_nb
+    bar features, asked for its event-flag column only (a filter needs no direction / age
+    columns; the bar-feature table asks for all three). ``sigma`` (ones: threshold = h) and
+    ``session`` (one session) stand for the inputs the pipeline already holds (EWMA volatility,
+    session ids), so they are made outside."""
+    from fx_assets.core.bar_features import _EMPTY, _cusum_into_nb
 
     r = np.empty_like(price)
     r[0] = 0.0
     np.divide(price[1:], price[:-1], out=r[1:])
     np.log(r[1:], out=r[1:])
-    ev, _, _ = _cusum_nb(r, sigma, session, h)
+    ev = np.empty_like(r)
+    _cusum_into_nb(r, sigma, session, h, ev, _EMPTY, _EMPTY)
     return np.flatnonzero(ev)
 
 

@@ -251,8 +251,8 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    # S goes to atr (without atr: to natr) block by block; NATR = 100 S / C is then taken over
-    # the block, still in L1, in a loop of its own (vectorised divisions, off the recursion)
+    # S (to atr) and NATR = 100 S / C (to natr) are written bar by bar inside the recursion's
+    # loop: the divisions are off its critical path and overlap with it
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
@@ -260,18 +260,9 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
         while k0 < e:
             k1 = min(k0 + _BLOCK, e)
             hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
-            if want_a:
-                raw = atr[k0:k1]
-                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, raw)
-                if want_n:
-                    pct = natr[k0:k1]
-                    for i in range(k1 - k0):
-                        pct[i] = 100.0 * raw[i] / cb[i]
-            else:
-                pct = natr[k0:k1]
-                s = _wilder_tr_block(hb, lb, pc, s, a, b, a2, pct)
-                for i in range(k1 - k0):
-                    pct[i] = 100.0 * pct[i] / cb[i]
+            raw = atr[k0:k1] if want_a else atr
+            pct = natr[k0:k1] if want_n else natr
+            s = _wilder_tr_block(hb, lb, pc, cb, s, a, b, a2, raw, pct)
             k0 = k1
         if e == nb:
             break
@@ -286,43 +277,85 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
 
 
 @njit(cache=True, error_model="numpy")
-def _wilder_tr_block(h, lo, pc, s, a, b, a2, out):
-    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), four
-    bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a + TR_{k+3}) b,
-    the three bars between from S_{k-1} likewise (off the recursion's critical path). Writes S;
-    returns the last. Indices run from 0 over slices (no wraparound test, see _bb_pctb_nb)."""
+def _wilder_tr_block(h, lo, pc, cb, s, a, b, a2, atr, natr):
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes, cb: the
+    closes), four bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a
+    + TR_{k+3}) b, the three bars between from S_{k-1} likewise (off the recursion's critical
+    path). Writes S to ``atr`` and 100 S / C to ``natr`` where each has the block's length (an
+    empty one is not wanted); returns the last S. Indices run from 0 over slices (no
+    wraparound test, see _bb_pctb_nb)."""
     a3 = a2 * a
     a4 = a2 * a2
     m = h.shape[0]
-    for i in range(m // 4):
-        p = 4 * i
-        t1 = _true_range(h[p], lo[p], pc[p])
-        t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-        t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
-        t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
-        u2 = t1 * a + t2
-        u3 = u2 * a + t3
-        u4 = u3 * a + t4
-        out[p] = s * a + t1 * b
-        out[p + 1] = s * a2 + u2 * b
-        out[p + 2] = s * a3 + u3 * b
-        s = s * a4 + u4 * b
-        out[p + 3] = s
+    want_a = atr.shape[0] == m
+    want_n = natr.shape[0] == m
+    # one loop per wanted set (a test inside the loop keeps it from being scheduled well)
+    if want_a and want_n:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            atr[p] = x1
+            atr[p + 1] = x2
+            atr[p + 2] = x3
+            atr[p + 3] = s
+            natr[p] = 100.0 * x1 / cb[p]
+            natr[p + 1] = 100.0 * x2 / cb[p + 1]
+            natr[p + 2] = 100.0 * x3 / cb[p + 2]
+            natr[p + 3] = 100.0 * s / cb[p + 3]
+    elif want_n:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            natr[p] = 100.0 * x1 / cb[p]
+            natr[p + 1] = 100.0 * x2 / cb[p + 1]
+            natr[p + 2] = 100.0 * x3 / cb[p + 2]
+            natr[p + 3] = 100.0 * s / cb[p + 3]
+    else:
+        for i in range(m // 4):
+            p = 4 * i
+            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
+            if want_a:
+                atr[p] = x1
+                atr[p + 1] = x2
+                atr[p + 2] = x3
+                atr[p + 3] = s
     r = m % 4
     if r:  # a partial step: the same formulas (a series cut here keeps every bar's value)
         p = m - r
         t1 = _true_range(h[p], lo[p], pc[p])
         s1 = s * a + t1 * b
-        out[p] = s1
+        _put_atr(atr, natr, cb, p, s1, want_a, want_n)
         if r > 1:
             u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
             s1 = s * a2 + u2 * b
-            out[p + 1] = s1
+            _put_atr(atr, natr, cb, p + 1, s1, want_a, want_n)
             if r > 2:
                 s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
-                out[p + 2] = s1
+                _put_atr(atr, natr, cb, p + 2, s1, want_a, want_n)
         s = s1
     return s
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4):
+    """Bars p..p+3 of the four-bar step from S_{p-1} = s: their S, the last being the new s."""
+    t1 = _true_range(h[p], lo[p], pc[p])
+    t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
+    t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
+    t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
+    u2 = t1 * a + t2
+    u3 = u2 * a + t3
+    u4 = u3 * a + t4
+    return s * a + t1 * b, s * a2 + u2 * b, s * a3 + u3 * b, s * a4 + u4 * b
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _put_atr(atr, natr, cb, p, s, want_a, want_n):
+    """Bar p's ATR S and NATR 100 S / C, where wanted."""
+    if want_a:
+        atr[p] = s
+    if want_n:
+        natr[p] = 100.0 * s / cb[p]
 
 
 @njit(cache=True, inline="always")
@@ -442,18 +475,13 @@ def _rsi_nb(o, c, inst, n):
     a = (n - 1) / n
     b = 1.0 / n
     a2 = a * a
-    tot_buf = np.empty(_BLOCK, np.float64)
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
         k0 = j
         while k0 < e:
             k1 = min(k0 + _BLOCK, e)
-            blk = out[k0:k1]
-            tots = tot_buf[: k1 - k0]
-            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, blk, tots)
-            for i in range(k1 - k0):
-                blk[i] = 100.0 * blk[i] / tots[i] if tots[i] > 0.0 else 50.0
+            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, out[k0:k1])
             k0 = k1
         if e == nb:
             break
@@ -470,11 +498,11 @@ def _rsi_nb(o, c, inst, n):
 
 
 @njit(cache=True, error_model="numpy")
-def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
+def _rsi_block(c, pc, g, lo, a, b, a2, out):
     """Wilder means of gains / losses over a block without a roll, two bars per step
     (G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b; a partial step is the step's first bar, so a
-    cut series keeps every value); writes the gain mean and gain + loss mean; returns the
-    last pair."""
+    cut series keeps every value); writes RSI = 100 G / (G + L) (50 where G + L == 0) inside
+    the recursion's loop (the divisions overlap with it); returns the last pair."""
     m = c.shape[0]
     for i in range(m // 2):
         p = 2 * i
@@ -486,20 +514,25 @@ def _rsi_block(c, pc, g, lo, a, b, a2, gain_out, tot_out):
         u2 = d2 if d2 > 0.0 else 0.0
         v2 = -d2 if d2 < 0.0 else 0.0
         g1 = g * a + u1 * b
-        gain_out[p] = g1
-        tot_out[p] = g1 + (lo * a + v1 * b)
+        t1 = g1 + (lo * a + v1 * b)
         g = g * a2 + (u1 * a + u2) * b
         lo = lo * a2 + (v1 * a + v2) * b
-        gain_out[q] = g
-        tot_out[q] = g + lo
+        t2 = g + lo
+        out[p] = _rsi_value(g1, t1)
+        out[q] = _rsi_value(g, t2)
     if m % 2:
         p = m - 1
         d = c[p] - pc[p]
         g = g * a + (d if d > 0.0 else 0.0) * b
         lo = lo * a + (-d if d < 0.0 else 0.0) * b
-        gain_out[p] = g
-        tot_out[p] = g + lo
+        out[p] = _rsi_value(g, g + lo)
     return g, lo
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _rsi_value(g, tot):
+    """100 G / (G + L), 50 for a flat window (G + L == 0)."""
+    return 100.0 * g / tot if tot > 0.0 else 50.0
 
 
 @njit(cache=True)
@@ -634,9 +667,10 @@ def _bb_pctb_nb(o, c, inst, w, kk):
     population sigma (two-pass), sigma == 0 -> 0.5.
 
     Blocks of bars whose windows hold no roll take the sums across bars (the inner loop runs
-    over the bars of the block, so it vectorises; four window terms per sweep, added in the
-    per-bar order, so each bar's sums are bit-identical to the per-bar loop); a block that a
-    roll rescales runs the per-bar loop. The inner loops index slices from 0: numba then omits
+    over the bars of the block, so it vectorises; eight window terms per sweep, then four, then
+    one, added in the per-bar order, so each bar's sums are bit-identical to the per-bar loop;
+    fewer sweeps, fewer loads and stores of the running sums); a block that a roll rescales
+    runs the per-bar loop. The inner loops index slices from 0: numba then omits
     its negative-index wraparound, which would otherwise block vectorisation."""
     nb = c.shape[0]
     out = np.empty(nb, np.float64)
@@ -645,6 +679,7 @@ def _bb_pctb_nb(o, c, inst, w, kk):
     acc_buf = np.empty(_BB_BLOCK, np.float64)
     var_buf = np.empty(_BB_BLOCK, np.float64)
     buf = np.empty(w, np.float64)
+    w8 = w - w % 8
     w4 = w - w % 4
     j0 = w - 1
     while j0 < nb:
@@ -677,7 +712,19 @@ def _bb_pctb_nb(o, c, inst, w, kk):
             for i in range(nj):
                 acc[i] = 0.0
                 var[i] = 0.0
-            for m in range(0, w4, 4):
+            for m in range(0, w8, 8):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
+                c4 = c[j0 - m - 4 : j1 - m - 4]
+                c5 = c[j0 - m - 5 : j1 - m - 5]
+                c6 = c[j0 - m - 6 : j1 - m - 6]
+                c7 = c[j0 - m - 7 : j1 - m - 7]
+                for i in range(nj):
+                    x = (((acc[i] + c0[i]) + c1[i]) + c2[i]) + c3[i]
+                    acc[i] = (((x + c4[i]) + c5[i]) + c6[i]) + c7[i]
+            for m in range(w8, w4, 4):
                 c0 = c[j0 - m : j1 - m]
                 c1 = c[j0 - m - 1 : j1 - m - 1]
                 c2 = c[j0 - m - 2 : j1 - m - 2]
@@ -690,7 +737,28 @@ def _bb_pctb_nb(o, c, inst, w, kk):
                     acc[i] += c0[i]
             for i in range(nj):
                 acc[i] = acc[i] / w
-            for m in range(0, w4, 4):
+            for m in range(0, w8, 8):
+                c0 = c[j0 - m : j1 - m]
+                c1 = c[j0 - m - 1 : j1 - m - 1]
+                c2 = c[j0 - m - 2 : j1 - m - 2]
+                c3 = c[j0 - m - 3 : j1 - m - 3]
+                c4 = c[j0 - m - 4 : j1 - m - 4]
+                c5 = c[j0 - m - 5 : j1 - m - 5]
+                c6 = c[j0 - m - 6 : j1 - m - 6]
+                c7 = c[j0 - m - 7 : j1 - m - 7]
+                for i in range(nj):
+                    mu = acc[i]
+                    d0 = c0[i] - mu
+                    d1 = c1[i] - mu
+                    d2 = c2[i] - mu
+                    d3 = c3[i] - mu
+                    d4 = c4[i] - mu
+                    d5 = c5[i] - mu
+                    d6 = c6[i] - mu
+                    d7 = c7[i] - mu
+                    x = (((var[i] + d0 * d0) + d1 * d1) + d2 * d2) + d3 * d3
+                    var[i] = (((x + d4 * d4) + d5 * d5) + d6 * d6) + d7 * d7
+            for m in range(w8, w4, 4):
                 c0 = c[j0 - m : j1 - m]
                 c1 = c[j0 - m - 1 : j1 - m - 1]
                 c2 = c[j0 - m - 2 : j1 - m - 2]
@@ -737,16 +805,17 @@ def _rolling_z_nb(x, w):
 
 
 @njit(cache=True)
-def _cusum_nb(r, sigma, session, k):
+def _cusum_into_nb(r, sigma, session, k, ev, dirn, since):
     """Symmetric CUSUM on log close (increments r): S+ = max(0, S+ + r), S- = min(0, S- + r);
     event if S- < -h (reset S-) else if S+ > h (reset S+), h = k * sigma_{j-1}. Restarts at
-    each session's first bar (no event there before sigma exists). Returns event flag, the
-    direction of the latest event in the session (0 if none) and bars since that event (or
-    since the session's first bar)."""
+    each session's first bar (no event there before sigma exists). Writes, in place, the event
+    flag, the direction of the latest event in the session (0 if none) and bars since that
+    event (or since the session's first bar); an output of length 0 is not wanted and not
+    written (the CUSUM filter alone needs only the flags: no memory traffic for the others)."""
     nb = r.shape[0]
-    ev = np.zeros(nb, np.float64)
-    dirn = np.zeros(nb, np.float64)
-    since = np.zeros(nb, np.float64)
+    want_e = ev.shape[0] == nb
+    want_d = dirn.shape[0] == nb
+    want_s = since.shape[0] == nb
     sp = 0.0
     sm = 0.0
     last = 0.0
@@ -759,20 +828,36 @@ def _cusum_nb(r, sigma, session, k):
             ref = j
         sp = max(0.0, sp + r[j])
         sm = min(0.0, sm + r[j])
+        e = 0.0
         if j > 0:
             h = k * sigma[j - 1]
             if sm < -h:
                 sm = 0.0
-                ev[j] = 1.0
+                e = 1.0
                 last = -1.0
                 ref = j
             elif sp > h:
                 sp = 0.0
-                ev[j] = 1.0
+                e = 1.0
                 last = 1.0
                 ref = j
-        dirn[j] = last
-        since[j] = j - ref
+        if want_e:
+            ev[j] = e
+        if want_d:
+            dirn[j] = last
+        if want_s:
+            since[j] = j - ref
+    return
+
+
+@njit(cache=True)
+def _cusum_nb(r, sigma, session, k):
+    """``_cusum_into_nb`` into three new arrays: event flag, direction, bars since the event."""
+    nb = r.shape[0]
+    ev = np.empty(nb, np.float64)
+    dirn = np.empty(nb, np.float64)
+    since = np.empty(nb, np.float64)
+    _cusum_into_nb(r, sigma, session, k, ev, dirn, since)
     return ev, dirn, since
 
 

@@ -222,6 +222,29 @@ def test_cusum_and_trend_match_python_reference() -> None:
         assert (t[19:] == want).all()
 
 
+def test_cusum_kernel_writes_only_the_outputs_asked_for() -> None:
+    """An empty output array is skipped; the others are the same as with all three asked for
+    (the CUSUM filter of bench_peers asks for the event flags alone)."""
+    from fx_assets.core.bar_features import _cusum_into_nb, _cusum_nb
+
+    rng = np.random.default_rng(5)
+    n = 5_000
+    r = rng.normal(0.0, 1e-3, n)
+    sigma = np.full(n, 1e-3)
+    session = np.repeat(np.arange(5, dtype=np.int32), n // 5)
+    ev, dirn, since = _cusum_nb(r, sigma, session, 2.0)
+    assert 50 < ev.sum() < n // 2
+    empty = np.empty(0, np.float64)
+    for want in itertools.product((False, True), repeat=3):
+        outs = [np.full(n, 7.0) if w else empty for w in want]
+        _cusum_into_nb(r, sigma, session, 2.0, *outs)
+        for w, got, ref in zip(want, outs, (ev, dirn, since), strict=True):
+            if w:
+                np.testing.assert_array_equal(got, ref)
+            else:
+                assert got.shape == (0,)
+
+
 # --- causality and partitions -------------------------------------------------------------------
 
 
