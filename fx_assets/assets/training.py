@@ -27,7 +27,14 @@ from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
 from fx_assets.core.calendar import quarter_label, session_day
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fold_stream import StreamedRows
-from fx_assets.core.folds import FoldRange, feature_lookback, fold_range, fold_table, quarter_start_ns
+from fx_assets.core.folds import (
+    FoldRange,
+    feature_lookback,
+    fold_range,
+    fold_table,
+    quarter_start_ns,
+    snapshot_feature_lookback,
+)
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, gross_returns, stitch
 from fx_assets.core.trainers.common import FoldData
@@ -55,7 +62,8 @@ def fold_file(
 ) -> tuple:
     parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
-    key = lineage.fold_ranges_key(keys, training.fold_config(n_train), training.train_config().purge_bars)
+    reach = training.train_config(pipeline.fxcache.row_unit).purge_bars
+    key = lineage.fold_ranges_key(keys, training.fold_config(n_train), reach)
     path = storage.layout.stage_file("fold_ranges", part.symbol, part.quarter, key, "json")
     return parts, keys, key, path
 
@@ -72,7 +80,7 @@ def model_dir(
     fold and trainer configs and the device loader's settings (``key_settings``)."""
     parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
-    cfg = training.train_config()
+    cfg = training.train_config(pipeline.fxcache.row_unit)
     key = lineage.trained_model_key(
         keys, training.fold_config(n_train), cfg, loader.key_settings(), label_horizon=cfg.purge_bars
     )
@@ -128,6 +136,12 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
     ) -> dg.MaterializeResult:
         table = []
         stage_cfgs = pipeline.stage_configs()
+        row_unit = stage_cfgs.fxcache.row_unit
+        lookback = (
+            snapshot_feature_lookback(stage_cfgs.snapshot)
+            if row_unit == "snapshot"
+            else feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi)
+        )
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
             parts, keys, key, out = fold_file(storage, pipeline, training, part, n_train)
@@ -146,9 +160,10 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                     starts,
                     len(parts) - 1,
                     training.fold_config(n_train),
-                    label_horizon=training.train_config().purge_bars,
-                    feature_lookback=feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi),
+                    label_horizon=training.train_config(row_unit).purge_bars,
+                    feature_lookback=lookback,
                     name=quarter_label(part.quarter),
+                    row_unit=row_unit,
                 )
             except FxDataError as exc:
                 raise dg.Failure(f"{part.label}: {exc}") from exc
@@ -210,7 +225,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         pipeline: PipelineConfig,
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
-        cfg = training.train_config()
+        cfg = training.train_config(pipeline.fxcache.row_unit)
         t_run = time.perf_counter()
         warm: dict[str, float] = {}  # the kernel warm-up of this run, once
 

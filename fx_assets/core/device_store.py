@@ -120,6 +120,7 @@ class DeviceSlice:
     segment_changes: torch.Tensor | None = None  # [n] int32 on the device: contract changes so far
     log_close: torch.Tensor | None = None  # [n] float64 on the device: ln close (bar rows only)
     row_unit: str = "bar"  # what a row is: a bar, or one MBP-10 update (``snapshot``)
+    price_tick: float | None = None  # the store's instrument tick (snapshot labels: half-tick mids)
 
     @property
     def n_rows(self) -> int:
@@ -1001,6 +1002,7 @@ class DeviceStore:
             segment_changes=seg,
             log_close=logc,
             row_unit=qs[0].row_unit,
+            price_tick=self._tick,
         )
         self._stats.concat_builds += 1
         self._views[kt] = view

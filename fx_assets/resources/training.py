@@ -86,8 +86,17 @@ class TrainingConfig(dg.ConfigurableResource):
             )
         return FoldConfig.model_validate({**self.folds.model_dump(), "train_quarters": train_quarters})
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig.model_validate(self.train.model_dump())
+    def train_config(self, row_unit: str = "bar") -> TrainConfig:
+        """The core trainer config for folds of ``row_unit`` rows (the pipeline's
+        ``fxcache.row_unit``: it decides the labels and their purge). ``train.row_unit`` may be
+        left at its default or must agree."""
+        d = self.train.model_dump()
+        if d["row_unit"] not in ("bar", row_unit):
+            raise dg.Failure(
+                f"training.train.row_unit={d['row_unit']!r} differs from the pipeline's "
+                f"fxcache.row_unit={row_unit!r}: set the row unit in the pipeline only"
+            )
+        return TrainConfig.model_validate({**d, "row_unit": row_unit})
 
 
 def default_training(train_quarters: int) -> TrainingConfig:
