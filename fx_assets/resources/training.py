@@ -31,7 +31,7 @@ from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, de
 from fx_assets.core.fold_stream import StreamedRows, default_budget_bytes, fold_device_bytes, plan_fold
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
-from fx_assets.core.trainers.common import TrainConfig
+from fx_assets.core.trainers.common import TrainConfig, TrainParams
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -61,7 +61,7 @@ class FoldsConfig(dg.Config, FoldConfig):
     )
 
 
-class TrainerConfig(dg.Config, TrainConfig):
+class TrainerConfig(dg.Config, TrainParams):
     """Trainer selection and hyper-parameters."""
 
     trainer: Literal["mlp", "dqn"] = Field(
@@ -88,15 +88,8 @@ class TrainingConfig(dg.ConfigurableResource):
 
     def train_config(self, row_unit: str = "bar") -> TrainConfig:
         """The core trainer config for folds of ``row_unit`` rows (the pipeline's
-        ``fxcache.row_unit``: it decides the labels and their purge). ``train.row_unit`` may be
-        left at its default or must agree."""
-        d = self.train.model_dump()
-        if d["row_unit"] not in ("bar", row_unit):
-            raise dg.Failure(
-                f"training.train.row_unit={d['row_unit']!r} differs from the pipeline's "
-                f"fxcache.row_unit={row_unit!r}: set the row unit in the pipeline only"
-            )
-        return TrainConfig.model_validate({**d, "row_unit": row_unit})
+        ``fxcache.row_unit``: it decides the labels and their purge)."""
+        return TrainConfig.model_validate({**self.train.model_dump(), "row_unit": row_unit})
 
 
 def default_training(train_quarters: int) -> TrainingConfig:

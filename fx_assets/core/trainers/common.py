@@ -43,8 +43,9 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.snapshot_labels import LabelForm, SnapshotLabelConfig, label_reach
 
 
-class TrainConfig(ConfigModel):
-    """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
+class TrainParams(ConfigModel):
+    """The trainer's settings (the training resource's ``train``); :class:`TrainConfig` adds the
+    row unit, which comes from the pipeline (``fxcache.row_unit``), not from here."""
 
     trainer: Literal["mlp", "dqn"] = Field(description="Which trainer: supervised MLP or double DQN.")
     seed: int = Field(0, description="Seed of weights init, batch order, exploration.")
@@ -132,11 +133,6 @@ class TrainConfig(ConfigModel):
         None, gt=0, description="Rewards are divided by this (None: std of training 1-bar returns)."
     )
     # --- snapshot row unit (one row per MBP-10 update; core.snapshot_labels)
-    row_unit: Literal["bar", "snapshot"] = Field(
-        "bar",
-        description="What a row of the fold is: a bar or one book update. Set from the pipeline's "
-        "fxcache.row_unit; the fold transition refuses data whose file says otherwise.",
-    )
     snapshot_horizons: list[int] = Field(
         default_factory=lambda: [10, 20, 50, 100, 500],
         description="Snapshot rows: label horizons in rows (book updates) ahead, all evaluated.",
@@ -159,7 +155,7 @@ class TrainConfig(ConfigModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> TrainConfig:
+    def _check(self) -> TrainParams:
         if not self.horizons or any(h < 1 for h in self.horizons) or 1 not in self.horizons:
             raise ValueError(f"horizons must be positive and include 1, got {self.horizons}")
         if not self.hidden or any(h < 1 for h in self.hidden):
@@ -180,6 +176,16 @@ class TrainConfig(ConfigModel):
             stationary_share=self.snapshot_stationary_share,
             zero=self.snapshot_zero,
         )
+
+
+class TrainConfig(TrainParams):
+    """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
+
+    row_unit: Literal["bar", "snapshot"] = Field(
+        "bar",
+        description="What a row of the fold is: a bar or one book update. Set from the pipeline's "
+        "fxcache.row_unit; the fold transition refuses data whose file says otherwise.",
+    )
 
     @property
     def purge_bars(self) -> int:
