@@ -146,6 +146,7 @@ class ResidentQuarters:
             block_rows=cfg.block_rows or self.loader.stream_block_rows,
             device=self.store.device,
             keys=[read_header(self.paths[p.label]).cache_key.hex() for p in parts],
+            price_tick=self.loader.pipeline.stage_configs().ofi.tick_size,
         )
 
 

@@ -139,3 +139,72 @@ def test_dqn_trains_on_a_snapshot_fold(tmp_path: Path) -> None:
     res = train_dqn(fd, cfg, tmp_path / "dqn", ["S"])
     assert np.isfinite(res.metrics["sharpe"]) or np.isnan(res.metrics["sharpe"])
     assert res.val_positions.shape[0] == fd.x_val.shape[0]
+
+
+def _snapshot_files(tmp_path: Path, signal: float, n: int, seed: int = 0) -> tuple[list[Path], DeviceSlice]:
+    """Two snapshot-row fxcache files of one market (rows split at n // 2) and their resident view."""
+    from fx_assets.core.fxcache import write_fxcache
+
+    ts, feats, prices = _market(n, signal, seed)
+    paths = []
+    for i, (a, b) in enumerate(((0, n // 2), (n // 2, n))):
+        paths.append(
+            write_fxcache(
+                tmp_path / f"s{i}.fxcache",
+                ts[a:b],
+                {
+                    "feature": (["s", "noise", "absx"], feats[a:b]),
+                    "price": (["mid", "session", "contract"], prices[a:b]),
+                },
+                "f32",
+                bytes([i]) * 32,
+                {"row_unit": "snapshot"},
+            )
+        )
+    st = DeviceStore(device="cpu", price_tick=TICK)
+    st.add_fxcaches([(f"S{i}", p) for i, p in enumerate(paths)])
+    return paths, st.concat_view(["S0", "S1"])
+
+
+@pytest.mark.parametrize("block_rows", [37, 1000])
+def test_streamed_snapshot_fold_equals_the_resident_one(tmp_path: Path, block_rows: int) -> None:
+    """Blocks shorter than the 201-row reach: every block's last labels need the next blocks'
+    mids (the look-ahead), and they equal the resident labels bit for bit, as do the inputs."""
+    from fx_assets.core.fold_stream import StreamedRows
+    from fx_assets.core.trainers.rows import ResidentRows
+
+    cfg = _cfg()
+    paths, view = _snapshot_files(tmp_path, 1.0, 6000)
+    fr = _range(view, cfg)
+    ref = fold_transition(view, fr, cfg)
+    sr = StreamedRows(paths, fr, cfg, block_rows=block_rows, device="cpu", price_tick=TICK)
+    res = ResidentRows(ref, block_rows)
+    for part in ("train", "val"):
+        n = sr.part_rows(part)
+        for name in ("y", "r1", "x"):
+            a = torch.cat([getattr(b, name) for b in sr.block_list(part, 0, n)])
+            b_ = torch.cat([getattr(b, name) for b in res.block_list(part, 0, n)])
+            assert torch.equal(a.nan_to_num(7.0), b_.nan_to_num(7.0)), (part, name)
+    assert sr.extra["zero_move_share"] == ref.extra["zero_move_share"]
+    sr.close()
+    with pytest.raises(FxDataError, match="forward-only label forms"):
+        StreamedRows(paths, fr, _cfg(snapshot_form="tlob"), block_rows=100, device="cpu", price_tick=TICK)
+
+
+def test_mlp_and_dqn_train_on_a_streamed_snapshot_fold(tmp_path: Path) -> None:
+    from fx_assets.core.fold_stream import StreamedRows
+
+    cfg = _cfg(epochs=2, block_rows=4096)
+    paths, view = _snapshot_files(tmp_path, 1.0, 20_000, seed=5)
+    fr = _range(view, cfg)
+    sr = StreamedRows(paths, fr, cfg, block_rows=4096, device="cpu", price_tick=TICK)
+    res = train_mlp(sr, cfg, tmp_path / "mlp", ["S0", "S1"])
+    assert res.metrics["auc"] > 0.6
+    sr.close()
+    dcfg = _cfg(
+        trainer="dqn", epochs=1, n_envs=16, episode_len=64, learn_starts=64, replay_size=4096, block_rows=4096
+    )
+    sr = StreamedRows(paths, fr, dcfg, block_rows=4096, device="cpu", price_tick=TICK)
+    d = train_dqn(sr, dcfg, tmp_path / "dqn", ["S0", "S1"])
+    assert d.val_positions.shape[0] == fr.val_end - fr.val_start
+    sr.close()
