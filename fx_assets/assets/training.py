@@ -292,6 +292,12 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
             trainer = train_mlp if cfg.trainer == "mlp" else train_dqn
             try:
                 result = trainer(fold, cfg, out_dir, keys)
+                # before a streamed fold closes: its validation labels of every horizon
+                snap_meta = (
+                    _snapshot_outputs(out_dir, fold, result, val_ts, cfg)
+                    if cfg.row_unit == "snapshot"
+                    else {}
+                )
             finally:
                 if isinstance(fold, StreamedRows):
                     stream_meta = {f"stream_{k}": v for k, v in fold.stream_stats.as_dict().items()}
@@ -315,6 +321,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 "trainer": cfg.trainer,
                 **{k: round(v, 6) for k, v in metrics.items()},
                 "best_epoch": result.best_epoch,
+                "row_unit": cfg.row_unit,
+                **snap_meta,
                 "fold_rows": plan.mode,
                 "fold_device_gib": round(plan.need_bytes / 2**30, 4),
                 "device_budget_gib": round(plan.budget_bytes / 2**30, 4),
@@ -455,6 +463,39 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         return dg.MaterializeResult(metadata=meta)
 
     return fold_ranges, trained_model, walk_forward_report
+
+
+def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, cfg: Any) -> dict[str, Any]:
+    """A snapshot fold's label metadata and its validation predictions: ``val_predictions.npz``
+    in the model directory (``ts``: ts_recv per validation row; ``score``: the model's score,
+    P(up) for the MLP; ``classes_h<h>``: the label class +1 / -1 / 0 / NaN of every horizon, where
+    the fold was resident), and the AUC of the score at each of those horizons."""
+    import io
+
+    extra = dict(fold.extra)
+    if "classes" not in extra and isinstance(fold, StreamedRows):
+        extra["classes"] = fold.val_classes()  # validation rows only
+    meta: dict[str, Any] = {
+        "train_horizon": cfg.train_horizon,
+        "label_form": cfg.snapshot_form,
+        "zero_handling": cfg.snapshot_zero,
+        "zero_move_share": round(float(extra.get("zero_move_share", float("nan"))), 6),
+        "val_auc": round(float(result.metrics.get("auc", float("nan"))), 6),
+    }
+    arrays: dict[str, np.ndarray] = {"ts": np.asarray(val_ts, dtype=np.int64)}
+    if result.val_scores is not None:
+        arrays["score"] = np.asarray(result.val_scores, dtype=np.float64)
+        n_val = arrays["score"].shape[0]
+        for h, cls in sorted(extra.get("classes", {}).items()):
+            c = cls[-n_val:].double().cpu().numpy()  # the fold's rows end with its validation rows
+            arrays[f"classes_h{h}"] = c
+            meta[f"val_auc_h{h}"] = round(M.auc_returns(arrays["score"], c), 6)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    path = out_dir / "val_predictions.npz"
+    atomic_write_bytes(path, buf.getvalue())
+    meta["val_predictions"] = dg.MetadataValue.path(str(path))
+    return meta
 
 
 def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mkey: str, action: str) -> dict:

@@ -478,6 +478,22 @@ class StreamedRows(FoldRows):
         r1 = relative_change(half_ticks(mid, self.price_tick), br, 1, "unsmoothed", 1)
         return main.classes[:m], r1[:m], mid[:m]
 
+    def val_classes(self) -> dict[int, torch.Tensor]:
+        """Snapshot rows: the label class of every configured horizon per validation row (one
+        more pass over the validation blocks, with their look-ahead), for evaluation."""
+        if self.row_unit != "snapshot":
+            raise FxDataError(f"{self._where}: val_classes is for snapshot rows")
+        assert self.price_tick is not None
+        vs = self.bounds[2]
+        spans = [(vs + a, vs + b) for a, b in self.grid("val", 0, self.n_val)]
+        out: dict[int, list[torch.Tensor]] = {h: [] for h in self.cfg.snapshot_horizons}
+        for lo, hi, _, _, win in self._raw_blocks(spans, False):
+            mid = win[:, 0].contiguous()
+            br = breaks_of(*[win[:, j].contiguous() for j in range(1, win.shape[1])])
+            for hl in snapshot_labels(mid, self.price_tick, mid.shape[0], self.cfg.snapshot_labels(), br):
+                out[hl.horizon].append(hl.classes[: hi - lo])
+        return {h: torch.cat(v) for h, v in out.items()}
+
     def _offset(self, part: Part) -> int:
         return self.bounds[0] if part == "train" else self.bounds[2]
 

@@ -477,6 +477,7 @@ class TrainResult:
     sidecar_path: Path
     best_epoch: int
     history: list[dict[str, float]]
+    val_scores: npt.NDArray[np.float64] | None = None  # the best epoch's score per validation row
 
 
 def state_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -523,6 +524,7 @@ def finish_training(
         sidecar_path=side_p,
         best_epoch=best_epoch,
         history=history,
+        val_scores=np.asarray(best_out[4], dtype=np.float64) if len(best_out) > 4 else None,
     )
 
 
