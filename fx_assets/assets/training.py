@@ -27,7 +27,14 @@ from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
 from fx_assets.core.calendar import quarter_label, session_day
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fold_stream import StreamedRows
-from fx_assets.core.folds import FoldRange, feature_lookback, fold_range, fold_table, quarter_start_ns
+from fx_assets.core.folds import (
+    FoldRange,
+    feature_lookback,
+    fold_range,
+    fold_table,
+    quarter_start_ns,
+    snapshot_feature_lookback,
+)
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, gross_returns, stitch
 from fx_assets.core.trainers.common import FoldData
@@ -55,7 +62,8 @@ def fold_file(
 ) -> tuple:
     parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
-    key = lineage.fold_ranges_key(keys, training.fold_config(n_train), training.train_config().purge_bars)
+    reach = training.train_config(pipeline.fxcache.row_unit).purge_bars
+    key = lineage.fold_ranges_key(keys, training.fold_config(n_train), reach)
     path = storage.layout.stage_file("fold_ranges", part.symbol, part.quarter, key, "json")
     return parts, keys, key, path
 
@@ -72,7 +80,7 @@ def model_dir(
     fold and trainer configs and the device loader's settings (``key_settings``)."""
     parts = fold_parts(part, n_train)
     keys = fxcache_keys(storage, pipeline, parts)
-    cfg = training.train_config()
+    cfg = training.train_config(pipeline.fxcache.row_unit)
     key = lineage.trained_model_key(
         keys, training.fold_config(n_train), cfg, loader.key_settings(), label_horizon=cfg.purge_bars
     )
@@ -128,6 +136,12 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
     ) -> dg.MaterializeResult:
         table = []
         stage_cfgs = pipeline.stage_configs()
+        row_unit = stage_cfgs.fxcache.row_unit
+        lookback = (
+            snapshot_feature_lookback(stage_cfgs.snapshot)
+            if row_unit == "snapshot"
+            else feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi)
+        )
         for pk in sorted(context.partition_keys):
             part = parse_partition_key(pk)
             parts, keys, key, out = fold_file(storage, pipeline, training, part, n_train)
@@ -146,9 +160,10 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                     starts,
                     len(parts) - 1,
                     training.fold_config(n_train),
-                    label_horizon=training.train_config().purge_bars,
-                    feature_lookback=feature_lookback(stage_cfgs.bar_features, stage_cfgs.ofi),
+                    label_horizon=training.train_config(row_unit).purge_bars,
+                    feature_lookback=lookback,
                     name=quarter_label(part.quarter),
+                    row_unit=row_unit,
                 )
             except FxDataError as exc:
                 raise dg.Failure(f"{part.label}: {exc}") from exc
@@ -210,7 +225,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         pipeline: PipelineConfig,
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
-        cfg = training.train_config()
+        cfg = training.train_config(pipeline.fxcache.row_unit)
         t_run = time.perf_counter()
         warm: dict[str, float] = {}  # the kernel warm-up of this run, once
 
@@ -277,6 +292,12 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
             trainer = train_mlp if cfg.trainer == "mlp" else train_dqn
             try:
                 result = trainer(fold, cfg, out_dir, keys)
+                # before a streamed fold closes: its validation labels of every horizon
+                snap_meta = (
+                    _snapshot_outputs(out_dir, fold, result, val_ts, cfg)
+                    if cfg.row_unit == "snapshot"
+                    else {}
+                )
             finally:
                 if isinstance(fold, StreamedRows):
                     stream_meta = {f"stream_{k}": v for k, v in fold.stream_stats.as_dict().items()}
@@ -300,6 +321,8 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 "trainer": cfg.trainer,
                 **{k: round(v, 6) for k, v in metrics.items()},
                 "best_epoch": result.best_epoch,
+                "row_unit": cfg.row_unit,
+                **snap_meta,
                 "fold_rows": plan.mode,
                 "fold_device_gib": round(plan.need_bytes / 2**30, 4),
                 "device_budget_gib": round(plan.budget_bytes / 2**30, 4),
@@ -440,6 +463,39 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         return dg.MaterializeResult(metadata=meta)
 
     return fold_ranges, trained_model, walk_forward_report
+
+
+def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, cfg: Any) -> dict[str, Any]:
+    """A snapshot fold's label metadata and its validation predictions: ``val_predictions.npz``
+    in the model directory (``ts``: ts_recv per validation row; ``score``: the model's score,
+    P(up) for the MLP; ``classes_h<h>``: the label class +1 / -1 / 0 / NaN of every horizon, where
+    the fold was resident), and the AUC of the score at each of those horizons."""
+    import io
+
+    extra = dict(fold.extra)
+    if "classes" not in extra and isinstance(fold, StreamedRows):
+        extra["classes"] = fold.val_classes()  # validation rows only
+    meta: dict[str, Any] = {
+        "train_horizon": cfg.train_horizon,
+        "label_form": cfg.snapshot_form,
+        "zero_handling": cfg.snapshot_zero,
+        "zero_move_share": round(float(extra.get("zero_move_share", float("nan"))), 6),
+        "val_auc": round(float(result.metrics.get("auc", float("nan"))), 6),
+    }
+    arrays: dict[str, np.ndarray] = {"ts": np.asarray(val_ts, dtype=np.int64)}
+    if result.val_scores is not None:
+        arrays["score"] = np.asarray(result.val_scores, dtype=np.float64)
+        n_val = arrays["score"].shape[0]
+        for h, cls in sorted(extra.get("classes", {}).items()):
+            c = cls[-n_val:].double().cpu().numpy()  # the fold's rows end with its validation rows
+            arrays[f"classes_h{h}"] = c
+            meta[f"val_auc_h{h}"] = round(M.auc_returns(arrays["score"], c), 6)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    path = out_dir / "val_predictions.npz"
+    atomic_write_bytes(path, buf.getvalue())
+    meta["val_predictions"] = dg.MetadataValue.path(str(path))
+    return meta
 
 
 def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mkey: str, action: str) -> dict:

@@ -325,7 +325,8 @@ def _fresh_values(ann: Any, b: tuple[float, float, bool, bool]) -> Iterator[Any]
         yield True
     elif ann in (int, float):
         lo, hi, _, _ = b
-        for c in (1, 0, 2, lo + 1, hi - 1):
+        # the midpoint last: an open float interval such as (0, 1) admits none of the others
+        for c in (1, 0, 2, lo + 1, hi - 1, (lo + hi) / 2 if ann is float else lo + 1):
             if math.isfinite(c) and _in_bounds(c, b):
                 yield ann(c)
     elif ann is str:

@@ -18,7 +18,10 @@ Layout on the device, per quarter
   (the fxcache ``bf16`` value dtype) and moved as 2-byte words, so a bf16 cache crosses the bus
   at half the f32 size.
 - ``prices``: ``[n, k]`` float64, the *price columns* (from an fxcache file: its f64 price
-  block, uploaded as it is with its padding, of which this is a view; ``close`` is required). Labels are log-returns
+  block, uploaded as it is with its padding, of which this is a view). The row unit is read
+  from the file's meta (``row_unit``: ``bar``, the default of files that predate it, or
+  ``snapshot``) and fixes the required price column: ``close`` for bars, ``mid`` for snapshot
+  rows (one MBP-10 update each, labelled by ``core.snapshot_labels``). Bar labels are log-returns
   of close prices over a few bars (a tick is ~5e-5 of the price), so they are derived from
   exact float64 prices only: the store refuses prices from any other source (an f32 / bf16
   value block, whose 8 mantissa bits once turned 130 distinct closes into 2), and, given the
@@ -75,6 +78,9 @@ from fx_assets.core.fxcache import FxCache, checksum_mismatch, open_fxcache
 
 DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap", "contract")
 CLOSE_COLUMN = "close"
+MID_COLUMN = "mid"
+#: The price column each row unit's labels are derived from (the file's ``row_unit`` meta).
+ROW_UNIT_PRICE: dict[str, str] = {"bar": CLOSE_COLUMN, "snapshot": MID_COLUMN}
 SEGMENT_COLUMN = "contract"  # price column whose changes are contract rolls
 TICK_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")  # trade prices: on the tick grid
 TICK_TOLERANCE = 1e-6  # |p / tick - round(p / tick)| allowed, in ticks
@@ -112,7 +118,9 @@ class DeviceSlice:
     offsets: npt.NDArray[np.int64]  # [len(keys) + 1]
     sessions: npt.NDArray[np.int32]  # [n] host, session day of each bar (computed at upload)
     segment_changes: torch.Tensor | None = None  # [n] int32 on the device: contract changes so far
-    log_close: torch.Tensor | None = None  # [n] float64 on the device: ln close (computed at upload)
+    log_close: torch.Tensor | None = None  # [n] float64 on the device: ln close (bar rows only)
+    row_unit: str = "bar"  # what a row is: a bar, or one MBP-10 update (``snapshot``)
+    price_tick: float | None = None  # the store's instrument tick (snapshot labels: half-tick mids)
 
     @property
     def n_rows(self) -> int:
@@ -153,7 +161,7 @@ class _Arena:
     ts: npt.NDArray[np.int64]  # [N] host
     sessions: npt.NDArray[np.int32]  # [N] host
     segment_changes: torch.Tensor | None  # [N] int32: contract changes since row 0 of the arena
-    log_close: torch.Tensor  # [N] float64
+    log_close: torch.Tensor | None  # [N] float64 (bar rows; None for snapshot rows)
 
 
 @dataclass
@@ -166,9 +174,10 @@ class _Quarter:
     price_columns: tuple[str, ...]
     sessions: npt.NDArray[np.int32]
     segment_changes: torch.Tensor | None
-    log_close: torch.Tensor
+    log_close: torch.Tensor | None
     arena: _Arena | None = None  # where it lives when uploaded with others (rows [row0, row0 + n))
     row0: int = 0
+    row_unit: str = "bar"
 
     @property
     def n(self) -> int:
@@ -186,9 +195,31 @@ def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor
     return c
 
 
-def _log_close(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor:
-    """ln close, once per upload: every fold's labels difference it (``core.labels`` op for op)."""
+def _log_close(prices: torch.Tensor, pcols: Sequence[str], row_unit: str) -> torch.Tensor | None:
+    """ln close, once per upload: every bar fold's labels difference it (``core.labels`` op for
+    op). Snapshot rows have none: their labels come from the exact mid (``core.snapshot_labels``)."""
+    if row_unit != "bar":
+        return None
     return torch.log(prices[:, list(pcols).index(CLOSE_COLUMN)])
+
+
+def check_row_unit(where: str, row_unit: object, pcols: Sequence[str]) -> str:
+    """The row unit of a quarter, checked against its price columns: a bar file needs ``close``,
+    a snapshot file ``mid`` (the exact f64 prices its labels are derived from)."""
+    if row_unit not in ROW_UNIT_PRICE:
+        raise FxDataError(f"{where}: row_unit {row_unit!r} is not one of {sorted(ROW_UNIT_PRICE)}")
+    need = ROW_UNIT_PRICE[str(row_unit)]
+    if need not in pcols:
+        raise FxDataError(
+            f"{where}: no {need!r} price column for row_unit {row_unit!r} (price columns {tuple(pcols)})"
+        )
+    return str(row_unit)
+
+
+def file_row_unit(fc: FxCache) -> object:
+    """The row unit an fxcache file declares in its meta; files written before the snapshot row
+    unit existed carry none and are bar files (the only row unit of that format)."""
+    return fc.meta.get("row_unit", "bar")
 
 
 def _price_flags(
@@ -273,6 +304,7 @@ class _FileSpec:
     pcols: tuple[str, ...]
     values: _Region
     prices: _Region
+    row_unit: str = "bar"
 
 
 _UNPLACED = torch.empty(0)  # a region's destination before _place_specs allocates it
@@ -280,7 +312,7 @@ _UNPLACED = torch.empty(0)  # a region's destination before _place_specs allocat
 
 def _layout(sp: _FileSpec) -> tuple[Any, ...]:
     """What files must share to sit back to back in one allocation."""
-    return (sp.values.w, sp.prices.w, sp.cols, sp.pcols)
+    return (sp.values.w, sp.prices.w, sp.cols, sp.pcols, sp.row_unit)
 
 
 _WIRE_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": torch.float64}
@@ -424,6 +456,7 @@ class DeviceStore:
         *,
         price_columns: Sequence[str] | None = None,
         prices: npt.NDArray[np.float64] | None = None,
+        row_unit: str = "bar",
     ) -> None:
         """Upload one quarter's block once.
 
@@ -433,7 +466,8 @@ class DeviceStore:
         price columns (default: those of :data:`DEFAULT_PRICE_COLUMNS` present in ``columns``);
         their float64 values are ``prices`` (``[n, len(price_columns)]``, dtype float64), or,
         without it, those columns of a float64 ``values`` block. Prices are never taken from an
-        f32 / bf16 block.
+        f32 / bf16 block. ``row_unit``: what a row is (``bar``: needs a ``close`` price column;
+        ``snapshot``: one MBP-10 update, needs ``mid``).
         """
         if key in self._quarters:
             raise FxDataError(f"DeviceStore: quarter {key!r} is already resident (uploads happen once)")
@@ -465,8 +499,7 @@ class DeviceStore:
             if price_columns is not None
             else tuple(c for c in cols if c in DEFAULT_PRICE_COLUMNS)
         )
-        if CLOSE_COLUMN not in pcols:
-            raise FxDataError(f"{key}: no {CLOSE_COLUMN!r} price column (price columns {pcols})")
+        row_unit = check_row_unit(key, row_unit, pcols)
         if prices is None:
             if src_kind != np.float64:
                 kind = "bf16" if is_bf16 else str(src_kind)
@@ -553,7 +586,8 @@ class DeviceStore:
             pcols,
             calendar.session_day(ts).astype(np.int32),
             _segment_changes(prices_dev, pcols),
-            _log_close(prices_dev, pcols),
+            _log_close(prices_dev, pcols, row_unit),
+            row_unit=row_unit,
         )
         st = self._stats
         st.uploads += 1
@@ -621,7 +655,7 @@ class DeviceStore:
                 ts=np.concatenate([sp.ts for sp in group]),
                 sessions=np.concatenate([sp.sessions for sp in group]),
                 segment_changes=_segment_changes(named, pcols),
-                log_close=_log_close(named, pcols),
+                log_close=_log_close(named, pcols, group[0].row_unit),
             )
             row0 = 0
             for sp in group:
@@ -635,9 +669,10 @@ class DeviceStore:
                     pcols,
                     arena.sessions[a:b],
                     None if arena.segment_changes is None else arena.segment_changes[a:b],
-                    arena.log_close[a:b],
+                    None if arena.log_close is None else arena.log_close[a:b],
                     arena,
                     a,
+                    sp.row_unit,
                 )
                 row0 = b
         for sp in specs:
@@ -670,8 +705,7 @@ class DeviceStore:
             if n == 0:
                 raise FxDataError(f"{key} ({path}): empty quarter")
             pcols = tuple(fc.group_names("price"))
-            if CLOSE_COLUMN not in pcols:
-                raise FxDataError(f"{key} ({path}): no {CLOSE_COLUMN!r} price column (price columns {pcols})")
+            row_unit = check_row_unit(f"{key} ({path})", file_row_unit(fc), pcols)
             ts = np.array(fc.ts, dtype=np.int64)  # open_fxcache checked the order
             vw, pw = int(h.row_width), int(h.price_width)
             return _FileSpec(
@@ -705,6 +739,7 @@ class DeviceStore:
                     pw * 8,
                     _UNPLACED,
                 ),
+                row_unit=row_unit,
             )
         except BaseException:
             fc.close()
@@ -917,6 +952,8 @@ class DeviceStore:
             raise FxDataError(f"concat_view: quarters {missing} are not resident (add_quarter first)")
         qs = [self._quarters[k] for k in kt]
         for a, b in itertools.pairwise(qs):
+            if a.row_unit != b.row_unit:
+                raise FxDataError(f"concat_view: {b.key} has row unit {b.row_unit!r}, {a.key} {a.row_unit!r}")
             if a.columns != b.columns or a.price_columns != b.price_columns:
                 raise FxDataError(f"concat_view: column layout of {b.key} differs from {a.key}")
             if a.ts[-1] > b.ts[0]:
@@ -942,7 +979,7 @@ class DeviceStore:
                 arena.sessions[lo:hi],
             )
             seg = None if arena.segment_changes is None else arena.segment_changes[lo:hi]
-            logc = arena.log_close[lo:hi]
+            logc = None if arena.log_close is None else arena.log_close[lo:hi]
             self._stats.concat_zero_copy += 1
         else:
             values = torch.cat([q.values for q in qs], dim=0)  # device→device, once per key set
@@ -951,7 +988,8 @@ class DeviceStore:
             ts = np.concatenate([q.ts for q in qs])
             sessions = np.concatenate([q.sessions for q in qs])
             seg = self._concat_segment_changes(qs)
-            logc = torch.cat([q.log_close for q in qs])
+            lcs = [q.log_close for q in qs]
+            logc = None if any(c is None for c in lcs) else torch.cat([c for c in lcs if c is not None])
         view = DeviceSlice(
             keys=kt,
             values=values,
@@ -963,6 +1001,8 @@ class DeviceStore:
             sessions=sessions,
             segment_changes=seg,
             log_close=logc,
+            row_unit=qs[0].row_unit,
+            price_tick=self._tick,
         )
         self._stats.concat_builds += 1
         self._views[kt] = view

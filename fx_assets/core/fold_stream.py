@@ -31,6 +31,14 @@ the roll mask from the ``contract`` price column's changes inside that window (a
 spans a roll; prices past ``val_end`` are never read) — the resident path's functions, so equal
 statistics give equal bits.
 
+Snapshot rows (the file's ``row_unit`` meta): the look-ahead is the snapshot labels' reach in
+rows (``TrainConfig.purge_bars``: the longest horizon + 1 for the forward-only forms), the
+labels are ``core.snapshot_labels`` of the window's exact ``mid`` with breaks at changes of its
+``session`` / ``contract`` columns, so a label at a block edge is the resident one. Streamed,
+only the forms that read no row before ``n`` (``unsmoothed``, ``fi``) and no fitted dead band
+(``snapshot_stationary_share`` None) are supported: those would need look-back rows or a
+quantile over all training labels (refused with an error saying so).
+
 Normalisation statistics
 ------------------------
 One streaming pass over the training rows only, in row order, before training: each block's
@@ -59,9 +67,16 @@ import numpy.typing as npt
 import torch
 
 from fx_assets.core import calendar, labels
-from fx_assets.core.device_store import CLOSE_COLUMN, SEGMENT_COLUMN, default_device
+from fx_assets.core.device_store import (
+    ROW_UNIT_PRICE,
+    SEGMENT_COLUMN,
+    check_row_unit,
+    default_device,
+    file_row_unit,
+)
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, open_fxcache
+from fx_assets.core.snapshot_labels import back_rows, breaks_of, half_ticks, relative_change, snapshot_labels
 from fx_assets.core.trainers.common import FoldRangeLike, TrainConfig
 from fx_assets.core.trainers.rows import FoldRows, Moments, Part, RowBlock
 from fx_assets.core.trainers.transition import block_labels, floor_std, normalise_values, select_inputs
@@ -166,6 +181,7 @@ class StreamedRows(FoldRows):
         keys: Sequence[str] | None = None,
         stats: tuple[torch.Tensor, torch.Tensor] | None = None,
         verify: bool = True,
+        price_tick: float | None = None,
     ) -> None:
         if block_rows < 1:
             raise FxDataError(f"block_rows must be >= 1, got {block_rows}")
@@ -175,6 +191,24 @@ class StreamedRows(FoldRows):
         self.keys = tuple(keys) if keys is not None else tuple(Path(p).name for p in paths)
         self.horizons, self.entry_lag, self.target = tuple(cfg.horizons), cfg.entry_lag, cfg.target
         self.reach = labels.max_horizon(cfg.horizons, cfg.entry_lag)
+        self.price_tick = price_tick
+        self._zero_counts = [0, 0]  # snapshot rows: (defined, stationary) training labels
+        if cfg.row_unit == "snapshot":
+            self.horizons, self.entry_lag, self.target = (
+                (cfg.train_horizon,),
+                0,
+                f"snapshot_h{cfg.train_horizon}",
+            )
+            self.reach = cfg.purge_bars  # the snapshot labels' reach in rows
+            lab = cfg.snapshot_labels()
+            if any(back_rows(lab.form, h, lab.smooth) != 1 for h in lab.horizons) or lab.stationary_share:
+                raise FxDataError(
+                    f"streamed snapshot folds support the forward-only label forms (unsmoothed, fi) "
+                    f"without a fitted dead band; got form {lab.form!r}, stationary_share "
+                    f"{lab.stationary_share}: use a resident fold (a larger device budget)"
+                )
+            if price_tick is None:
+                raise FxDataError("streamed snapshot folds need the instrument tick (price_tick)")
         self.stream_stats = StreamStats()
         self._files: list[_File] = []
         self._lock = threading.Lock()
@@ -189,7 +223,16 @@ class StreamedRows(FoldRows):
         except BaseException:
             self.close()
             raise
-        self.extra = {"rows": "streamed", "train_labels_undefined": self._undefined}
+        self.extra: dict[str, Any] = {"rows": "streamed", "train_labels_undefined": self._undefined}
+        if cfg.row_unit == "snapshot":
+            defined, zero = self._zero_counts
+            self.extra.update(
+                row_unit="snapshot",
+                train_horizon=cfg.train_horizon,
+                label_form=cfg.snapshot_form,
+                zero_handling=cfg.snapshot_zero,
+                zero_move_share=zero / defined if defined else float("nan"),
+            )
 
     # ------------------------------------------------------------------ setup
     def _open(self, paths: Sequence[Path | str], verify: bool) -> None:
@@ -210,8 +253,15 @@ class StreamedRows(FoldRows):
         self._n_rows = row0
         self._columns, pidx, self._vw, self._pw, self._dtype = layout
         self._pidx = dict(pidx)
-        if CLOSE_COLUMN not in self._pidx:
-            raise FxDataError(f"{self._files[0].path}: no {CLOSE_COLUMN!r} price column")
+        units = {str(file_row_unit(f.fc)) for f in self._files}
+        if len(units) != 1:
+            raise FxDataError(f"{self._files[0].path}: the fold's files mix row units {sorted(units)}")
+        self.row_unit = check_row_unit(str(self._files[0].path), units.pop(), tuple(self._pidx))
+        if self.row_unit != self.cfg.row_unit:
+            raise FxDataError(
+                f"{self._files[0].path}: the fxcache rows are {self.row_unit!r} rows, the trainer config "
+                f"expects {self.cfg.row_unit!r} rows (pipeline fxcache.row_unit and the files disagree)"
+            )
 
     @staticmethod
     def _price_index(fc: FxCache) -> tuple[tuple[str, int], ...]:
@@ -236,8 +286,9 @@ class StreamedRows(FoldRows):
         dev = self._device
         self.columns, idx = select_inputs(self._columns, tuple(self._pidx), self.keys, self.cfg)
         self._col_idx = torch.tensor(idx, dtype=torch.long, device=dev)
-        self._close_j = self._pidx[CLOSE_COLUMN]
+        self._close_j = self._pidx[ROW_UNIT_PRICE[self.row_unit]]  # close, or the snapshot mid
         self._seg_j = self._pidx.get(SEGMENT_COLUMN)
+        self._sess_j = self._pidx.get("session") if self.row_unit == "snapshot" else None
         cuda = dev.type == "cuda"
         wire = {
             "f32": (np.float32, torch.float32),
@@ -387,7 +438,7 @@ class StreamedRows(FoldRows):
                     g = vals.index_select(1, self._col_idx)
                     raw = g if g.dtype == torch.float32 else g.to(torch.float32)
             px = dp[: m + look]
-            cols = [self._close_j] if self._seg_j is None else [self._close_j, self._seg_j]
+            cols = [self._close_j] + [j for j in (self._seg_j, self._sess_j) if j is not None]
             win = px[:, cols].clone()  # off the device buffer before it is released
             if main is not None:
                 self._consumed[slot].record(main)  # type: ignore[union-attr]
@@ -397,7 +448,10 @@ class StreamedRows(FoldRows):
         # the last block's reads are done (the next call's first fill reuses buffer 0)
 
     def _labels(self, win: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(target, r1, close) of the block's ``m`` rows from its close (+ contract) window."""
+        """(target, r1, close) of the block's ``m`` rows from its close (+ contract) window
+        (snapshot rows: from its mid, contract and session window)."""
+        if self.row_unit == "snapshot":
+            return self._snapshot_labels(win, m)
         close = win[:, 0]
         changes = None
         if win.shape[1] > 1:
@@ -408,6 +462,37 @@ class StreamedRows(FoldRows):
         r1, blended = block_labels(close, changes, self.cfg)
         target = blended if self.cfg.target == "blended" else r1
         return target[:m], r1[:m], close[:m]
+
+    def _snapshot_labels(self, win: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The resident path's snapshot labels of the block's ``m`` rows: the window holds the
+        look-ahead of the longest horizon, and the forms streamed read no row before ``n``."""
+        mid = win[:, 0].contiguous()
+        if win.shape[1] > 1:
+            br = breaks_of(*[win[:, j].contiguous() for j in range(1, win.shape[1])])
+        else:
+            br = torch.zeros(mid.shape[0], dtype=torch.int64, device=mid.device)
+        assert self.price_tick is not None
+        labs = snapshot_labels(mid, self.price_tick, mid.shape[0], self.cfg.snapshot_labels(), br)
+        main = next(h for h in labs if h.horizon == self.cfg.train_horizon)
+        self._last_change = main.change[:m]
+        r1 = relative_change(half_ticks(mid, self.price_tick), br, 1, "unsmoothed", 1)
+        return main.classes[:m], r1[:m], mid[:m]
+
+    def val_classes(self) -> dict[int, torch.Tensor]:
+        """Snapshot rows: the label class of every configured horizon per validation row (one
+        more pass over the validation blocks, with their look-ahead), for evaluation."""
+        if self.row_unit != "snapshot":
+            raise FxDataError(f"{self._where}: val_classes is for snapshot rows")
+        assert self.price_tick is not None
+        vs = self.bounds[2]
+        spans = [(vs + a, vs + b) for a, b in self.grid("val", 0, self.n_val)]
+        out: dict[int, list[torch.Tensor]] = {h: [] for h in self.cfg.snapshot_horizons}
+        for lo, hi, _, _, win in self._raw_blocks(spans, False):
+            mid = win[:, 0].contiguous()
+            br = breaks_of(*[win[:, j].contiguous() for j in range(1, win.shape[1])])
+            for hl in snapshot_labels(mid, self.price_tick, mid.shape[0], self.cfg.snapshot_labels(), br):
+                out[hl.horizon].append(hl.classes[: hi - lo])
+        return {h: torch.cat(v) for h, v in out.items()}
 
     def _offset(self, part: Part) -> int:
         return self.bounds[0] if part == "train" else self.bounds[2]
@@ -451,6 +536,10 @@ class StreamedRows(FoldRows):
             if train:
                 bad[2] += (~torch.isfinite(y)).sum()
                 bad[3] += (~torch.isfinite(r1)).sum()
+                if self.row_unit == "snapshot":
+                    ch = self._last_change
+                    self._zero_counts[0] += int(torch.isfinite(ch).sum())
+                    self._zero_counts[1] += int((ch == 0).sum())
             n_in, n_close = torch.stack([bad_in.sum(), bad_close.sum()]).tolist()  # one sync a block
             if n_close:  # closes first, as the resident path reports them
                 j = int(torch.nonzero(bad_close)[0, 0])
@@ -465,7 +554,7 @@ class StreamedRows(FoldRows):
             r, c = first_bad
             raise FxDataError(f"{self._where}: column {self.columns[c]!r} is NaN/Inf at slice row {r}")
         undefined = n_bl if self.cfg.target == "blended" else n_r1
-        if (undefined or n_r1) and self._seg_j is None:
+        if (undefined or n_r1) and self._seg_j is None and self.row_unit == "bar":
             raise FxDataError(
                 f"{self._where}: {max(undefined, n_r1)} training labels undefined (purge/prices)"
             )

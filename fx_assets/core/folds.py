@@ -15,6 +15,12 @@ validation quarter). Ranges are computed from the bar timestamps alone (``search
   forward-only walk-forward) ``max(label horizon, longest feature look-back)`` bars, so no
   validation feature's window reaches a bar whose label was fitted.
 - Normalisation statistics are fitted on ``[train_start, train_end)`` only, by the trainer.
+
+Snapshot rows (``row_unit="snapshot"``: one row per book update; ranges from ``ts_recv``): the
+same split counted in rows. The purge is derived, never configured short: ``max(purge_bars,
+label reach)`` where the reach is ``snapshot_labels.label_reach`` of the label config (longest
+horizon plus the rows a label reads up to n: 501 rows with the default horizons), and the
+default embargo is ``max(reach, snapshot_feature_lookback)`` rows.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.labels import max_horizon
 from fx_assets.core.ofi import OfiConfig
+from fx_assets.core.snapshot_features import SnapshotFeatureConfig
 
 I64 = npt.NDArray[np.int64]
 
@@ -141,6 +148,13 @@ def feature_lookback(bar_features: BarFeatureConfig, ofi: OfiConfig) -> int:
     return out
 
 
+def snapshot_feature_lookback(cfg: SnapshotFeatureConfig) -> int:
+    """Longest trailing window of the snapshot stack counted in updates (rows): the default
+    embargo of snapshot folds. Windows counted in trades or volume buckets, and the last closed
+    bar's context, span an unbounded number of rows and are not covered by a row embargo."""
+    return max([*cfg.flow_windows, cfg.mlofi_window, cfg.rate_window, *cfg.drift_windows])
+
+
 def fold_range(
     ts_concat: npt.ArrayLike,
     quarter_starts_ns: Sequence[int],
@@ -150,6 +164,7 @@ def fold_range(
     label_horizon: int | None = None,
     feature_lookback: int = 0,
     name: str | None = None,
+    row_unit: str = "bar",
 ) -> FoldRange:
     """Train / validation ranges of one fold from bar close times alone.
 
@@ -160,7 +175,9 @@ def fold_range(
     before it train. ``label_horizon``: the horizon of the labels actually used (checked
     against ``purge_bars``; defaults to ``labels.max_horizon()``). ``feature_lookback``: the
     longest feature window in bars (:func:`feature_lookback`); with ``config.embargo_bars``
-    None the embargo is ``max(label horizon, feature_lookback)``.
+    None the embargo is ``max(label horizon, feature_lookback)``. ``row_unit="snapshot"``: rows
+    are book updates and ``label_horizon`` is the snapshot labels' reach in rows (required); the
+    purge is ``max(config.purge_bars, label_horizon)``, so no configuration can make it short.
     Raises ``FxDataError`` naming the fold when a slice would be empty or inputs are bad.
     """
     ts = np.asarray(ts_concat, dtype=np.int64)
@@ -182,8 +199,13 @@ def fold_range(
             f"fold {fold}: needs {n_q} training quarter(s) before the validation quarter, "
             f"the concatenation has {i}"
         )
+    if row_unit not in ("bar", "snapshot"):
+        raise FxDataError(f"fold {fold}: row_unit {row_unit!r} is not bar or snapshot")
+    if row_unit == "snapshot" and label_horizon is None:
+        raise FxDataError(f"fold {fold}: snapshot rows need the label reach in rows (label_horizon)")
     horizon = max_horizon() if label_horizon is None else int(label_horizon)
-    if config.purge_bars < horizon:
+    purge = max(config.purge_bars, horizon) if row_unit == "snapshot" else config.purge_bars
+    if purge < horizon:
         raise FxDataError(
             f"fold {fold}: purge_bars={config.purge_bars} < label horizon {horizon}; labels would leak"
         )
@@ -196,13 +218,13 @@ def fold_range(
     v0 = int(np.searchsorted(ts, qs[i], side="left"))
     v1 = int(np.searchsorted(ts, qs[i + 1], side="left")) if i + 1 < len(qs) else n
     t0 = max(q_first, config.warmup_bars)
-    t1 = v0 - config.purge_bars - embargo
+    t1 = v0 - purge - embargo
     if v1 <= v0:
         raise FxDataError(f"fold {fold}: the validation quarter has no bars")
     if t1 <= t0:
         raise FxDataError(
             f"fold {fold}: empty training slice: {v0 - q_first} bars in {n_q} training quarter(s), "
-            f"minus warm-up {max(0, config.warmup_bars - q_first)}, purge {config.purge_bars}, "
+            f"minus warm-up {max(0, config.warmup_bars - q_first)}, purge {purge}, "
             f"embargo {embargo}"
         )
     return FoldRange(
@@ -215,7 +237,7 @@ def fold_range(
         train_last_ts=int(ts[t1 - 1]),
         val_first_ts=int(ts[v0]),
         val_last_ts=int(ts[v1 - 1]),
-        purge_bars=config.purge_bars,
+        purge_bars=purge,
         embargo_bars=embargo,
         warmup_excluded=t0 - q_first,
     )

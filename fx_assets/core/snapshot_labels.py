@@ -227,6 +227,23 @@ def snapshot_labels(
     return out
 
 
+def breaks_of(*ids: torch.Tensor) -> torch.Tensor:
+    """:func:`running_breaks` on the device: the running count of changes of any of ``ids``
+    (e.g. the ``session`` and ``contract`` price columns of snapshot rows), int64, 0 at row 0."""
+    if not ids:
+        raise FxDataError("breaks_of: no id columns")
+    n = int(ids[0].shape[0])
+    if any(c.ndim != 1 or int(c.shape[0]) != n for c in ids):
+        raise FxDataError(f"breaks_of: id columns of shapes {[tuple(c.shape) for c in ids]}")
+    out = torch.zeros(n, dtype=torch.int64, device=ids[0].device)
+    if n > 1:
+        change = torch.zeros(n - 1, dtype=torch.bool, device=ids[0].device)
+        for c in ids:
+            change |= c[1:] != c[:-1]
+        out[1:] = torch.cumsum(change, 0)
+    return out
+
+
 def horizon_clock_ns(
     ts: npt.ArrayLike, breaks: npt.ArrayLike | None, horizons: Sequence[int]
 ) -> dict[int, float]:

@@ -31,7 +31,7 @@ from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, de
 from fx_assets.core.fold_stream import StreamedRows, default_budget_bytes, fold_device_bytes, plan_fold
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
-from fx_assets.core.trainers.common import TrainConfig
+from fx_assets.core.trainers.common import TrainConfig, TrainParams
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -61,7 +61,7 @@ class FoldsConfig(dg.Config, FoldConfig):
     )
 
 
-class TrainerConfig(dg.Config, TrainConfig):
+class TrainerConfig(dg.Config, TrainParams):
     """Trainer selection and hyper-parameters."""
 
     trainer: Literal["mlp", "dqn"] = Field(
@@ -86,8 +86,10 @@ class TrainingConfig(dg.ConfigurableResource):
             )
         return FoldConfig.model_validate({**self.folds.model_dump(), "train_quarters": train_quarters})
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig.model_validate(self.train.model_dump())
+    def train_config(self, row_unit: str = "bar") -> TrainConfig:
+        """The core trainer config for folds of ``row_unit`` rows (the pipeline's
+        ``fxcache.row_unit``: it decides the labels and their purge)."""
+        return TrainConfig.model_validate({**self.train.model_dump(), "row_unit": row_unit})
 
 
 def default_training(train_quarters: int) -> TrainingConfig:
@@ -144,6 +146,7 @@ class ResidentQuarters:
             block_rows=cfg.block_rows or self.loader.stream_block_rows,
             device=self.store.device,
             keys=[read_header(self.paths[p.label]).cache_key.hex() for p in parts],
+            price_tick=self.loader.pipeline.stage_configs().ofi.tick_size,
         )
 
 

@@ -56,6 +56,7 @@ def _is_float(annotation: Any) -> bool:
 def _default_instance(cls: type[pydantic.BaseModel]) -> pydantic.BaseModel | None:
     required = {
         "fx_assets.core.trainers.common.TrainConfig": {"trainer": "mlp"},
+        "fx_assets.core.trainers.common.TrainParams": {"trainer": "mlp"},
         "fx_assets.resources.training.TrainerConfig": {"trainer": "mlp"},
         "fx_assets.core.folds.FoldConfig": {"train_quarters": 2, "purge_bars": 31, "warmup_bars": 0},
         "fx_assets.resources.training.FoldsConfig": {"train_quarters": 2, "purge_bars": 31, "warmup_bars": 0},

@@ -546,3 +546,73 @@ def test_gpu_fused_transition_on_a_zero_copy_view_with_rolls(tmp_path: Path) -> 
     bad[fr.train_start + 7, view.column_index("f1")] = float("nan")
     with pytest.raises(FxDataError, match=rf"'f1'.*row {fr.train_start + 7}"):
         fold_transition(dataclasses.replace(view, values=bad), fr, cfg)
+
+
+def _write_snapshot_cache(path: Path, ts: np.ndarray, mid: np.ndarray, contract: float, meta: Any) -> Path:
+    n = ts.shape[0]
+    feats = np.random.default_rng(int(ts[0]) % 97).normal(size=(n, 3))
+    prices = np.stack([mid, np.full(n, 19000.0), np.full(n, contract)], axis=1)
+    return write_fxcache(
+        path,
+        ts,
+        {"feature": (["s0", "s1", "s2"], feats), "price": (["mid", "session", "contract"], prices)},
+        "f32",
+        b"s" * 32,
+        meta,
+    )
+
+
+def test_snapshot_row_files_upload_with_their_row_unit_from_the_meta(tmp_path: Path) -> None:
+    """A snapshot-row fxcache (price block mid/session/contract, no close) uploads on both paths;
+    the row unit comes from the file's meta, never from the columns: a file that declares bar
+    rows without a close column, or snapshot rows without a mid, is refused by name."""
+    rng = np.random.default_rng(3)
+    items, mids = [], []
+    for i in range(2):
+        ts = np.int64(1_700_000_000_000_000_000 + i * 10**12) + np.arange(500, dtype=np.int64) * 1000
+        mid = 5000.0 + 0.125 * np.cumsum(rng.integers(-1, 2, 500))
+        p = _write_snapshot_cache(tmp_path / f"s{i}.fxcache", ts, mid, 1.0 + i, {"row_unit": "snapshot"})
+        items.append((f"S{i}", p))
+        mids.append(mid)
+    st = DeviceStore(device="cpu", price_tick=0.25)
+    st.add_fxcaches(items)
+    v = st.concat_view(["S0", "S1"])
+    assert v.row_unit == "snapshot" and v.log_close is None
+    np.testing.assert_array_equal(v.price("mid").numpy(), np.concatenate(mids))  # exact f64
+    assert v.segment_changes is not None and int(v.segment_changes[-1]) == 1  # the contract change
+    ref = DeviceStore(device="cpu")
+    fc = open_fxcache(items[0][1])
+    ref.add_quarter(
+        "S0",
+        fc.ts,
+        fc.values,
+        fc.value_column_names,
+        price_columns=fc.group_names("price"),
+        prices=np.array(fc.prices[:, :3]),
+        row_unit="snapshot",
+    )
+    assert torch.equal(ref.concat_view(["S0"]).prices, st.concat_view(["S0"]).prices)
+    with pytest.raises(FxDataError, match="no 'close' price column for row_unit 'bar'"):
+        ref.add_quarter(
+            "X",
+            fc.ts,
+            fc.values,
+            fc.value_column_names,
+            price_columns=fc.group_names("price"),
+            prices=np.array(fc.prices[:, :3]),
+        )
+    # a file without row_unit meta is a bar file: its missing close is an error naming it
+    ts = np.int64(1_700_000_000_000_000_000) + np.arange(100, dtype=np.int64)
+    legacy = _write_snapshot_cache(tmp_path / "legacy.fxcache", ts, np.full(100, 5000.0), 1.0, None)
+    with pytest.raises(FxDataError, match=r"legacy\.fxcache.*no 'close' price column for row_unit 'bar'"):
+        DeviceStore(device="cpu").add_fxcache("L", legacy)
+    odd = _write_snapshot_cache(tmp_path / "odd.fxcache", ts, np.full(100, 5000.0), 1.0, {"row_unit": "tick"})
+    with pytest.raises(FxDataError, match="row_unit 'tick' is not one of"):
+        DeviceStore(device="cpu").add_fxcache("O", odd)
+    # bar and snapshot quarters never concatenate into one fold
+    ts_b, vb = _quarter(0)
+    mixed = DeviceStore(device="cpu")
+    mixed.add_quarter("B", ts_b, vb, COLS)
+    mixed.add_fxcache("S9", items[1][1])
+    with pytest.raises(FxDataError, match="row unit"):
+        mixed.concat_view(["B", "S9"])

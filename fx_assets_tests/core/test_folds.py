@@ -185,3 +185,48 @@ def test_pipeline_feature_lookback_is_the_longest_feature_window() -> None:
         BarFeatureConfig(), OfiConfig(warmup_bars=400)
     )  # a rolling window counts in full
     assert longer == 400
+
+
+@pytest.mark.parametrize("form", ["unsmoothed", "fi", "deeplob", "tlob"])
+def test_snapshot_fold_purge_is_derived_from_the_label_config(form: str) -> None:
+    """Snapshot rows: the purge is max(purge_bars, label reach) rows, taken from the trainer's
+    label config (so a bar-sized purge_bars cannot make it short), and no training label of any
+    horizon reads a validation mid: perturbing every validation mid changes none of them."""
+    import torch
+
+    from fx_assets.core.snapshot_labels import snapshot_labels
+    from fx_assets.core.trainers.common import TrainConfig
+
+    tc = TrainConfig(
+        trainer="mlp",
+        row_unit="snapshot",
+        snapshot_form=form,
+        snapshot_horizons=[5, 40, 120],
+        train_horizon=40,
+    )
+    reach = tc.purge_bars
+    assert reach == {"unsmoothed": 121, "fi": 121, "deeplob": 240, "tlob": 130}[form]
+    ts = concat_ts([3000, 2500, 4000, 3500])
+    with pytest.raises(FxDataError, match="label reach"):
+        fold_range(ts, STARTS, 2, cfg(), row_unit="snapshot")
+    r = fold_range(ts, STARTS, 2, cfg(), label_horizon=reach, row_unit="snapshot")
+    assert r.purge_bars == reach and r.train_end + reach == r.val_start  # embargo 0 in cfg()
+    no_embargo = FoldConfig(train_quarters=2, purge_bars=max_horizon(), warmup_bars=0)
+    r2 = fold_range(ts, STARTS, 2, no_embargo, label_horizon=reach, row_unit="snapshot", feature_lookback=7)
+    assert r2.embargo_bars == reach and r2.val_start - r2.train_end == 2 * reach
+    rng = np.random.default_rng(4)
+    mid = (2 * 5000 / 0.25 + np.cumsum(rng.choice([-1, 0, 1], ts.size))) * 0.125
+    lab_cfg = tc.snapshot_labels()
+    a = snapshot_labels(torch.from_numpy(mid), 0.25, r.train_end, lab_cfg)
+    m2 = mid.copy()
+    m2[r.val_start :] += 0.25 * 40
+    b = snapshot_labels(torch.from_numpy(m2), 0.25, r.train_end, lab_cfg)
+    for la, lb in zip(a, b, strict=True):
+        assert torch.equal(la.change[r.train].nan_to_num(9.0), lb.change[r.train].nan_to_num(9.0))
+    # AFML purge: no training label window [n-back+1, n+h] meets the first validation label's
+    # window
+    from fx_assets.core.snapshot_labels import back_rows
+
+    ends = [(r.train_end - 1) + h for h in lab_cfg.horizons]
+    first_val = [r.val_start - back_rows(lab_cfg.form, h, lab_cfg.smooth) + 1 for h in lab_cfg.horizons]
+    assert max(ends) < min(first_val)

@@ -40,10 +40,12 @@ from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_path, atomic_write_text
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.snapshot_labels import LabelForm, SnapshotLabelConfig, label_reach
 
 
-class TrainConfig(ConfigModel):
-    """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
+class TrainParams(ConfigModel):
+    """The trainer's settings (the training resource's ``train``); :class:`TrainConfig` adds the
+    row unit, which comes from the pipeline (``fxcache.row_unit``), not from here."""
 
     trainer: Literal["mlp", "dqn"] = Field(description="Which trainer: supervised MLP or double DQN.")
     seed: int = Field(0, description="Seed of weights init, batch order, exploration.")
@@ -130,18 +132,68 @@ class TrainConfig(ConfigModel):
     reward_scale: float | None = Field(
         None, gt=0, description="Rewards are divided by this (None: std of training 1-bar returns)."
     )
+    # --- snapshot row unit (one row per MBP-10 update; core.snapshot_labels)
+    snapshot_horizons: list[int] = Field(
+        default_factory=lambda: [10, 20, 50, 100, 500],
+        description="Snapshot rows: label horizons in rows (book updates) ahead, all evaluated.",
+    )
+    train_horizon: int = Field(50, ge=1, description="Snapshot rows: the horizon (rows) trained on.")
+    snapshot_form: LabelForm = Field(
+        "unsmoothed", description="Snapshot rows: label form (unsmoothed, fi, deeplob, tlob)."
+    )
+    snapshot_smooth: int = Field(10, ge=1, description="Snapshot rows: TLOB smoothing window (rows).")
+    snapshot_stationary_share: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="Snapshot rows: dead band = this quantile of |change| on the training rows (None: 0).",
+    )
+    snapshot_zero: Literal["exclude", "three_class"] = Field(
+        "exclude",
+        description="Snapshot rows: stationary moves left out of loss and AUC (share reported), or a "
+        "third class (the binary trainers still fit up vs down; the class is kept for evaluation).",
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> TrainConfig:
+    def _check(self) -> TrainParams:
         if not self.horizons or any(h < 1 for h in self.horizons) or 1 not in self.horizons:
             raise ValueError(f"horizons must be positive and include 1, got {self.horizons}")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be positive, got {self.hidden}")
+        lab = self.snapshot_labels()  # validates the snapshot horizons
+        if self.train_horizon not in lab.horizons:
+            raise ValueError(
+                f"train_horizon {self.train_horizon} is not one of snapshot_horizons {lab.horizons}"
+            )
         return self
+
+    def snapshot_labels(self) -> SnapshotLabelConfig:
+        """The label config of snapshot rows (every horizon; the trainer fits ``train_horizon``)."""
+        return SnapshotLabelConfig(
+            horizons=list(self.snapshot_horizons),
+            form=self.snapshot_form,
+            smooth=self.snapshot_smooth,
+            stationary_share=self.snapshot_stationary_share,
+            zero=self.snapshot_zero,
+        )
+
+
+class TrainConfig(TrainParams):
+    """Everything that decides a trained model (part of its cache key and checkpoint sidecar)."""
+
+    row_unit: Literal["bar", "snapshot"] = Field(
+        "bar",
+        description="What a row of the fold is: a bar or one book update. Set from the pipeline's "
+        "fxcache.row_unit; the fold transition refuses data whose file says otherwise.",
+    )
 
     @property
     def purge_bars(self) -> int:
-        """Minimum gap between train_end and val_start: the longest label reach."""
+        """Minimum gap (rows) between train_end and val_start: the longest label reach, of the
+        bar labels (entry lag + longest horizon) or, for snapshot rows, of every snapshot
+        horizon (``snapshot_labels.label_reach``: h + the rows the label reads up to n)."""
+        if self.row_unit == "snapshot":
+            return label_reach(self.snapshot_labels())
         return labels.max_horizon(self.horizons, self.entry_lag)
 
     def metric_name(self) -> str:
@@ -425,6 +477,7 @@ class TrainResult:
     sidecar_path: Path
     best_epoch: int
     history: list[dict[str, float]]
+    val_scores: npt.NDArray[np.float64] | None = None  # the best epoch's score per validation row
 
 
 def state_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -471,6 +524,7 @@ def finish_training(
         sidecar_path=side_p,
         best_epoch=best_epoch,
         history=history,
+        val_scores=np.asarray(best_out[4], dtype=np.float64) if len(best_out) > 4 else None,
     )
 
 

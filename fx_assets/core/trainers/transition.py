@@ -40,6 +40,7 @@ import torch
 from fx_assets.core import labels
 from fx_assets.core.device_store import CLOSE_COLUMN, DEFAULT_PRICE_COLUMNS, DeviceSlice
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.snapshot_labels import breaks_of, half_ticks, relative_change, snapshot_labels
 from fx_assets.core.trainers.common import FoldData, FoldRangeLike, TrainConfig
 
 
@@ -554,6 +555,11 @@ def fold_transition(
             f"{where}: gap {vs - te} bars < label reach {cfg.purge_bars} (entry lag + max horizon): "
             "training labels would read validation prices"
         )
+    if store_slice.row_unit != cfg.row_unit:
+        raise FxDataError(
+            f"{where}: the fxcache rows are {store_slice.row_unit!r} rows, the trainer config expects "
+            f"{cfg.row_unit!r} rows (pipeline fxcache.row_unit and the files disagree)"
+        )
     sess = store_slice.sessions if sessions is None else np.asarray(sessions)
     if sess.shape[0] != n:
         raise FxDataError(f"{where}: {sess.shape[0]} session ids for {n} slice rows")
@@ -588,6 +594,32 @@ def fold_transition(
         chk[0] += (~(torch.isfinite(mean) & torch.isfinite(var))).sum().to(torch.int32)
         chk[1] += (~torch.isfinite(block[v0:].sum(dim=0))).sum().to(torch.int32)
 
+    if store_slice.row_unit == "snapshot":
+        target, r1, extra = snapshot_fold_labels(store_slice, ts0, ve, n_tr, cfg, where)
+        bad_stats, bad_inputs = chk[:2].tolist()  # the one host sync of the input checks
+        if bad_stats or bad_inputs:
+            _raise_bad_input(store_slice, col_idx, names, ts0, ve, n_tr, v0, block, where)
+        return FoldData(
+            keys=store_slice.keys,
+            bounds=(ts0, te, vs, ve),
+            columns=names,
+            mean=mean,
+            std=std,
+            x_train=x[:n_tr],
+            y_train=target[:n_tr],
+            r1_train=r1[:n_tr],
+            x_val=x[v0:],
+            y_val=target[v0:],
+            r1_val=r1[v0:],
+            val_ts=store_slice.ts[vs:ve],
+            val_sessions=np.asarray(sess[vs:ve], dtype=np.int32),
+            train_sessions=np.asarray(sess[ts0:te], dtype=np.int32),
+            horizons=(cfg.train_horizon,),
+            entry_lag=0,
+            target=f"snapshot_h{cfg.train_horizon}",
+            extra={**extra, "fused_kernels": fused is not None},
+        )
+
     close = store_slice.close[ts0:ve]  # labels never read a price past val_end
     full_logc = store_slice.log_close
     logc = full_logc[ts0:ve] if full_logc is not None else torch.log(close)
@@ -613,13 +645,7 @@ def fold_transition(
             f"{where}: close must be finite and > 0; slice row {ts0 + j} has {float(close[j])!r}"
         )
     if bad_stats or bad_inputs:  # slow path, only to name the first bad value
-        if block is None:
-            block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
-        bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
-        bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
-        if bad.shape[0]:
-            r, c = int(bad[0, 0]), int(bad[0, 1])
-            raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
+        _raise_bad_input(store_slice, col_idx, names, ts0, ve, n_tr, v0, block, where)
     if (bad_target or bad_r1) and seg is None:
         raise FxDataError(f"{where}: {max(bad_target, bad_r1)} training labels undefined (purge/prices)")
 
@@ -643,6 +669,66 @@ def fold_transition(
         target=cfg.target,
         extra={"train_labels_undefined": int(max(bad_target, bad_r1)), "fused_kernels": fused is not None},
     )
+
+
+def _raise_bad_input(
+    store_slice: DeviceSlice,
+    col_idx: torch.Tensor,
+    names: Sequence[str],
+    ts0: int,
+    ve: int,
+    n_tr: int,
+    v0: int,
+    block: torch.Tensor | None,
+    where: str,
+) -> None:
+    """Name the first NaN/Inf model input of the fold's training or validation rows."""
+    if block is None:
+        block = store_slice.values[ts0:ve].index_select(1, col_idx).to(torch.float32)
+    bad = torch.nonzero(~torch.isfinite(block)).cpu().numpy()
+    bad = bad[(bad[:, 0] < n_tr) | (bad[:, 0] >= v0)]
+    if bad.shape[0]:
+        r, c = int(bad[0, 0]), int(bad[0, 1])
+        raise FxDataError(f"{where}: column {names[c]!r} is NaN/Inf at slice row {ts0 + r}")
+
+
+def snapshot_fold_labels(
+    store_slice: DeviceSlice, ts0: int, ve: int, n_tr: int, cfg: TrainConfig, where: str
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Labels of a snapshot fold's rows ``[ts0, ve)`` on the device, from the exact f64 ``mid``
+    (``core.snapshot_labels``; never past val_end, never across a change of the ``session`` or
+    ``contract`` price column): (training target = the class of ``cfg.train_horizon``, ±1, 0 as
+    a third class or NaN where excluded / undefined; the 1-row relative mid change, the reward
+    of a position held one update; extra: the row unit, the horizon, the zero-move share of the
+    training rows and every horizon's classes of the validation rows, for evaluation)."""
+    tick = store_slice.price_tick
+    if tick is None:
+        raise FxDataError(f"{where}: snapshot labels need the instrument tick (DeviceStore price_tick)")
+    mid = store_slice.price("mid")[ts0:ve]
+    ids = [store_slice.price(c)[ts0:ve] for c in ("session", "contract") if c in store_slice.price_columns]
+    if not ids:
+        raise FxDataError(f"{where}: snapshot rows need a session or contract price column (breaks)")
+    br = breaks_of(*ids)
+    lab_cfg = cfg.snapshot_labels()
+    labs = snapshot_labels(mid, tick, n_tr, lab_cfg, br)
+    u = half_ticks(mid, tick)
+    r1 = relative_change(u, br, 1, "unsmoothed", 1)
+    by_h = {hl.horizon: hl for hl in labs}
+    main = by_h[cfg.train_horizon]
+    extra: dict[str, Any] = {
+        "row_unit": "snapshot",
+        "train_horizon": cfg.train_horizon,
+        "label_form": lab_cfg.form,
+        "zero_handling": lab_cfg.zero,
+        "zero_move_share": main.shares["stationary"],
+        "train_labels_defined_share": main.shares["defined"],
+        "alpha": main.alpha,
+        "horizon_shares": {hl.horizon: dict(hl.shares) for hl in labs},
+        "horizon_alpha": {hl.horizon: hl.alpha for hl in labs},
+        "classes": {hl.horizon: hl.classes for hl in labs},  # [ts0, ve) rows, every horizon
+        "train_labels_undefined": int((~torch.isfinite(main.change[:n_tr])).sum()),
+    }
+    return main.classes, r1, extra
 
 
 def _changes_of(
