@@ -48,3 +48,21 @@ def test_the_training_names_still_resolve_and_bring_torch() -> None:
         "from fx_assets.core.trainers.mlp import train_mlp as m; assert train_mlp is m"
     )
     assert "torch" in got
+
+
+def test_no_numba_kernel_is_loaded_at_import() -> None:
+    """Kernels are compiled or read from numba's cache on first call (no eager signatures), so
+    a run pays only for the kernels of the stages it executes."""
+    script = (
+        "import gc, fx_assets.definitions; from numba.core.registry import CPUDispatcher; "
+        "ds = [o for o in gc.get_objects() if isinstance(o, CPUDispatcher) "
+        "and o.py_func.__module__.startswith('fx_assets')]; "
+        "print(len(ds), sorted(d.py_func.__qualname__ for d in ds if d.overloads))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    n, loaded = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(n) > 10, "the kernels were not found (the check would pass vacuously)"
+    assert loaded == "[]", f"kernels loaded at import: {loaded}"
