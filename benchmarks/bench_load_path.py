@@ -43,7 +43,7 @@ from benchmarks.bench_dagster_path import (
     launch_cli,
     launch_in_process,
 )
-from benchmarks.common import DATA, load_average, raw_file, rounds_summary, write_result
+from benchmarks.common import DATA, load_average, raw_file, rounds_summary, target, write_result
 
 PY = sys.executable
 QUARTER = "2024-Q3"
@@ -134,8 +134,15 @@ def run(base: Path, rounds: int, warm: bool, raw: Path) -> dict[str, Any]:
                 if all(m.get(key) is not None for m in ms)
             }
         figures[k] = f
+    hit = figures["B"]["hit"]["run_seconds"]["median"]
+    cli = figures["B"]["cli_hit"]["run_seconds"]["median"]
+    targets = [
+        target("B: full cache hit, execute_in_process run duration (median)", hit, "<=", 2.0, "s"),
+        target("B: full cache hit, dagster asset materialize run duration (median)", cli, "<=", 2.0, "s"),
+    ]
     return {
         "compared": {"A": str(base), "B": str(REPO)},
+        "targets": targets,
         "partition": PARTITION,
         "data": str(raw),
         "prepare_runs": prep,
