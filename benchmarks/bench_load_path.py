@@ -35,14 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_dagster_path import (
-    _actions,
-    delete_outputs,
-    fresh_home,
-    fx_env,
-    launch_cli,
-    launch_in_process,
-)
+from benchmarks.bench_dagster_path import _actions, _run_stats, delete_outputs, fresh_home, fx_env, launch_cli
 from benchmarks.common import DATA, load_average, raw_file, rounds_summary, target, write_result
 
 PY = sys.executable
@@ -58,15 +51,38 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def import_once(env: dict[str, str]) -> dict[str, Any]:
+def import_once(env: dict[str, str], home: Path) -> dict[str, Any]:
+    """The definitions import in a fresh process, run in ``home`` (not in a checkout: ``-c`` and
+    ``-m`` put the working directory first on ``sys.path``), and which package it loaded."""
     script = (
         "import json, sys; import fx_assets.definitions; "
-        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
+        f"print(json.dumps([fx_assets.__file__, sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})]))"
     )
     c0, t0 = _children_cpu(), time.perf_counter()
-    out = subprocess.run([PY, "-c", script], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([PY, "-c", script], env=env, cwd=home, capture_output=True, text=True, check=True)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
-    return {"wall_seconds": wall, "cpu_seconds": cpu, "loaded": json.loads(out.stdout.splitlines()[-1])}
+    file, loaded = json.loads(out.stdout.splitlines()[-1])
+    if not file.startswith(env["PYTHONPATH"] + "/"):
+        raise RuntimeError(f"imported {file}, not the package under {env['PYTHONPATH']}")
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "loaded": loaded}
+
+
+def launch_in_process(env: dict[str, str], home: Path, partition: str) -> dict[str, Any]:
+    """``build_features.execute_in_process`` in a fresh process run in ``home`` (see above)."""
+    c0, t0 = _children_cpu(), time.perf_counter()
+    proc = subprocess.run(
+        [PY, "-m", "benchmarks.bench_dagster_path", "child", partition],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
+    if proc.returncode != 0:
+        raise RuntimeError(f"execute_in_process failed:\n{proc.stderr[-4000:]}")
+    run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+    return {**_run_stats(home, run_id), "wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3)}
 
 
 def link_root(raw: Path, name: str) -> Path:
@@ -100,7 +116,7 @@ def run(base: Path, rounds: int, warm: bool, raw: Path) -> dict[str, Any]:
     for r in range(rounds):
         for k, env in envs.items():
             rows = raw_rows[k]
-            rows["import"].append(import_once(env))
+            rows["import"].append(import_once(env, home))
             m = launch_in_process(env, home, PARTITION)
             m["actions"] = _actions(home, m["run_id"])
             rows["hit"].append(_hit_checked(m, f"{k} hit"))
