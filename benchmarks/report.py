@@ -691,6 +691,64 @@ def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def render_load_path(name: str, res: dict[str, Any] | None) -> str:
+    """``bench_load_path``: A (the checkout compared with) beside B (this one), per measure, wall
+    and CPU seconds (medians over the rounds, min–max), what the definitions import loaded."""
+    if res is None:
+        return f"`results/{name}.json`: not run."
+    figs = res.get("figures", {})
+    a, b = figs.get("A", {}), figs.get("B", {})
+    measures = [
+        ("import", "wall_seconds", "`import fx_assets.definitions`, wall"),
+        ("import", "cpu_seconds", "`import fx_assets.definitions`, CPU"),
+        ("hit", "run_seconds", "full cache hit, execute_in_process: run duration"),
+        ("hit", "wall_seconds", "full cache hit, execute_in_process: process wall"),
+        ("hit", "cpu_seconds", "full cache hit, execute_in_process: process CPU"),
+        ("cli_hit", "run_seconds", "full cache hit, `dagster asset materialize`: run duration"),
+        ("cli_hit", "wall_seconds", "full cache hit, `dagster asset materialize`: process wall"),
+        ("cli_hit", "cpu_seconds", "full cache hit, `dagster asset materialize`: CPU (with step processes)"),
+        ("warm", "run_seconds", "warm rebuild, execute_in_process: run duration"),
+        ("warm", "cpu_seconds", "warm rebuild, execute_in_process: process CPU"),
+    ]
+    rows = []
+    for what, key, label in measures:
+        ra, rb = a.get(what, {}).get(key), b.get(what, {}).get(key)
+        if not ra and not rb:
+            continue
+        ma, mb = (r.get("median") if isinstance(r, dict) else None for r in (ra, rb))
+        ratio = (
+            round(mb / ma, 2)
+            if isinstance(ma, (int, float)) and isinstance(mb, (int, float)) and ma
+            else None
+        )
+        rows.append([label, fmt_rounds(ra or {}, unit="s"), fmt_rounds(rb or {}, unit="s"), fmt(ratio)])
+    comp = res.get("compared", {})
+    lines = [
+        provenance(name, res),
+        "",
+        f"A: `{comp.get('A', '?')}`; B: `{comp.get('B', '?')}`; partition `{res.get('partition', '?')}`, "
+        "rounds alternating A B A B.",
+        "",
+        table(["measure", "A", "B", "B / A (medians)"], rows),
+        "",
+        f"Heavy libraries loaded by the definitions import: A {fmt(a.get('loaded_by_definitions'))}; "
+        f"B {fmt(b.get('loaded_by_definitions'))}.",
+    ]
+    ts = targets_of(res)
+    if ts:
+        lines += [
+            "",
+            table(
+                ["target", "value", "bound", "result"],
+                [
+                    [str(t.get("name", "?")), fmt(t.get("value")), str(t.get("target", "")), verdict(t)]
+                    for t in ts
+                ],
+            ),
+        ]
+    return "\n".join(lines)
+
+
 # --- sections ---------------------------------------------------------------------------------
 
 # Result files with their own section in benchmarks/README.md (renderer; None = generic). Every
@@ -705,6 +763,7 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_integrity_quick": None,
     "scaleout": render_scaleout,
     "bench_dagster_path": None,
+    "bench_load_path": render_load_path,
     "bench_scaling": None,
     "bench_features_scaling": None,
     "bench_snapshot": render_snapshot,

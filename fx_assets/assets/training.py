@@ -26,7 +26,6 @@ from fx_assets.core import metrics as M
 from fx_assets.core.atomic import atomic_write_bytes, atomic_write_text
 from fx_assets.core.calendar import quarter_label, session_day
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.fold_stream import StreamedRows
 from fx_assets.core.folds import (
     FoldRange,
     feature_lookback,
@@ -38,9 +37,6 @@ from fx_assets.core.folds import (
 from fx_assets.core.fxcache import open_fxcache
 from fx_assets.core.report import FoldOOS, equity_png, gross_returns, stitch
 from fx_assets.core.trainers.common import FoldData
-from fx_assets.core.trainers.dqn import train_dqn
-from fx_assets.core.trainers.mlp import train_mlp
-from fx_assets.core.trainers.transition import fold_transition, warm_up
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
@@ -225,6 +221,13 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         pipeline: PipelineConfig,
         training: TrainingConfig,
     ) -> dg.MaterializeResult:
+        # torch loads with the step that trains, not with the code location (feature runs, the
+        # webserver and the daemon load these definitions too)
+        from fx_assets.core.fold_stream import StreamedRows
+        from fx_assets.core.trainers.dqn import train_dqn
+        from fx_assets.core.trainers.mlp import train_mlp
+        from fx_assets.core.trainers.transition import fold_transition, warm_up
+
         cfg = training.train_config(pipeline.fxcache.row_unit)
         t_run = time.perf_counter()
         warm: dict[str, float] = {}  # the kernel warm-up of this run, once

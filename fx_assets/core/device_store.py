@@ -66,15 +66,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from fx_assets.core import calendar, checksum
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, checksum_mismatch, open_fxcache
+
+if TYPE_CHECKING:  # torch is imported by the functions that run it: reading ValueDtype needs none
+    import torch
 
 DEFAULT_PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "mid_open", "vwap", "contract")
 CLOSE_COLUMN = "close"
@@ -85,17 +87,20 @@ SEGMENT_COLUMN = "contract"  # price column whose changes are contract rolls
 TICK_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")  # trade prices: on the tick grid
 TICK_TOLERANCE = 1e-6  # |p / tick - round(p / tick)| allowed, in ticks
 
-ValueDtype = Literal["float32", "bfloat16"]
-_TORCH_VALUE_DTYPE: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ValueDtype = Literal["float32", "bfloat16"]  # also the name of the torch dtype
 
 
 def default_device() -> torch.device:
     """``cuda`` when a CUDA device is available, else ``cpu``."""
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _from_numpy_readonly(arr: np.ndarray) -> torch.Tensor:
     """Wrap a (possibly read-only memmap) array without copying; we never write through it."""
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "array is not writable": we only read
         return torch.from_numpy(arr)
@@ -186,6 +191,8 @@ class _Quarter:
 
 def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor | None:
     """Running count of changes of the ``contract`` column (0 at row 0), or None without one."""
+    import torch
+
     if SEGMENT_COLUMN not in pcols:
         return None
     seg = prices[:, list(pcols).index(SEGMENT_COLUMN)]
@@ -198,6 +205,8 @@ def _segment_changes(prices: torch.Tensor, pcols: Sequence[str]) -> torch.Tensor
 def _log_close(prices: torch.Tensor, pcols: Sequence[str], row_unit: str) -> torch.Tensor | None:
     """ln close, once per upload: every bar fold's labels difference it (``core.labels`` op for
     op). Snapshot rows have none: their labels come from the exact mid (``core.snapshot_labels``)."""
+    import torch
+
     if row_unit != "bar":
         return None
     return torch.log(prices[:, list(pcols).index(CLOSE_COLUMN)])
@@ -227,6 +236,8 @@ def _price_flags(
 ) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]:
     """Device-side price checks, no host sync: (any non-finite / non-positive price,
     [(column, off-grid count, gcd of the moves in ticks)] for each tick column)."""
+    import torch
+
     px = prices[:, : len(pcols)]
     bad = ((~torch.isfinite(px)) | (px <= 0.0)).any()
     cols = [j for j, name in enumerate(pcols) if name in TICK_COLUMNS]
@@ -251,6 +262,8 @@ def _raise_price_faults(
     bad: bool,
     grid: list[tuple[int, int, int]],
 ) -> None:
+    import torch
+
     if bad:
         px = prices[:, : len(pcols)]
         r, c = torch.nonzero((~torch.isfinite(px)) | (px <= 0))[0].tolist()
@@ -287,7 +300,9 @@ class _Region:
     @property
     def direct(self) -> bool:
         """Whether the file's bytes can land in the destination as they are."""
-        return _WIRE_DTYPE[self.src] == self.dest.dtype
+        import torch
+
+        return getattr(torch, _WIRE_DTYPE[self.src]) == self.dest.dtype
 
 
 @dataclass
@@ -307,20 +322,19 @@ class _FileSpec:
     row_unit: str = "bar"
 
 
-_UNPLACED = torch.empty(0)  # a region's destination before _place_specs allocates it
-
-
 def _layout(sp: _FileSpec) -> tuple[Any, ...]:
     """What files must share to sit back to back in one allocation."""
     return (sp.values.w, sp.prices.w, sp.cols, sp.pcols, sp.row_unit)
 
 
-_WIRE_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": torch.float64}
+_WIRE_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f64": "float64"}  # stored dtype -> torch dtype name
 
 
 def _decode_wire(raw: torch.Tensor, src: str, rows: int, w: int) -> torch.Tensor:
     """View raw little-endian bytes of ``rows`` fxcache rows as their stored dtype ``[rows, w]``."""
-    return raw.view(_WIRE_DTYPE[src]).view(rows, w)
+    import torch
+
+    return raw.view(getattr(torch, _WIRE_DTYPE[src])).view(rows, w)
 
 
 class _nullctx:
@@ -401,14 +415,16 @@ class DeviceStore:
         io_threads: int | None = None,
         price_tick: float | None = None,
     ) -> None:
+        import torch
+
         if price_tick is not None and not (np.isfinite(price_tick) and price_tick > 0):
             raise FxDataError(f"DeviceStore: price_tick must be finite and > 0, got {price_tick!r}")
-        if value_dtype not in _TORCH_VALUE_DTYPE:
+        if value_dtype not in get_args(ValueDtype):
             raise FxDataError(f"DeviceStore: value_dtype must be float32 or bfloat16, got {value_dtype!r}")
         if chunk_rows <= 0 or max_views <= 0 or staging_bytes <= 0:
             raise FxDataError("DeviceStore: chunk_rows, max_views and staging_bytes must be positive")
         self._device = torch.device(device) if device is not None else default_device()
-        self._value_dtype = _TORCH_VALUE_DTYPE[value_dtype]
+        self._value_dtype = getattr(torch, value_dtype)
         self._chunk_rows = int(chunk_rows)
         self._max_views = int(max_views)
         self._quarters: dict[str, _Quarter] = {}
@@ -469,6 +485,8 @@ class DeviceStore:
         f32 / bf16 block. ``row_unit``: what a row is (``bar``: needs a ``close`` price column;
         ``snapshot``: one MBP-10 update, needs ``mid``).
         """
+        import torch
+
         if key in self._quarters:
             raise FxDataError(f"DeviceStore: quarter {key!r} is already resident (uploads happen once)")
         ts = np.asarray(ts)
@@ -698,6 +716,8 @@ class DeviceStore:
         # the header, timestamps and trailer are checked against the file's checksums here; the
         # price and value blocks are hashed as they stream through the pinned buffers (the bytes
         # that reach the device are the bytes verified); the finite scan runs on the device
+        import torch
+
         fc = open_fxcache(path, verify_finite=False, verify_checksums=("ts", "trailer"))
         try:
             h = fc.header
@@ -726,7 +746,7 @@ class DeviceStore:
                     vw,
                     fc.dtype,
                     vw * int(h.itemsize),
-                    _UNPLACED,
+                    torch.empty(0),  # the destination, allocated by _place_specs
                 ),
                 prices=_Region(
                     "price",
@@ -737,7 +757,7 @@ class DeviceStore:
                     pw,
                     "f64",
                     pw * 8,
-                    _UNPLACED,
+                    torch.empty(0),  # the destination, allocated by _place_specs
                 ),
                 row_unit=row_unit,
             )
@@ -752,6 +772,8 @@ class DeviceStore:
         layout gets one values and one prices allocation, the files back to back in the given
         order (the loader passes each symbol's quarters in time order), so that a fold's view
         of consecutive quarters is a slice of them (see :meth:`concat_view`)."""
+        import torch
+
         groups: list[list[_FileSpec]] = []
         for sp in specs:
             if groups and _layout(groups[-1][-1]) == _layout(sp) and groups[-1][-1].ts[-1] <= sp.ts[0]:
@@ -774,6 +796,8 @@ class DeviceStore:
 
     def _staging_pool(self, n_buf: int, nbytes: int) -> list[torch.Tensor]:
         """Pinned (on CUDA) chunk buffers, allocated once per store and reused across calls."""
+        import torch
+
         if len(self._pool) < n_buf or self._pool[0].numel() < nbytes:
             t0 = time.perf_counter()
             pin = self._device.type == "cuda"
@@ -785,6 +809,8 @@ class DeviceStore:
 
     def _stream_specs(self, specs: list[_FileSpec]) -> None:
         """Read every block chunk by chunk (threads) and copy it to its device destination."""
+        import torch
+
         cuda = self._device.type == "cuda"
         regions = [(sp, r) for sp in specs for r in (sp.prices, sp.values)]
         max_row = max(r.rowbytes for _, r in regions)
@@ -904,6 +930,8 @@ class DeviceStore:
 
     def _finish_specs(self, specs: list[_FileSpec]) -> None:
         """The value and price checks on the device, with one host sync for all files."""
+        import torch
+
         flags = []
         grids = []
         for sp in specs:
@@ -939,6 +967,8 @@ class DeviceStore:
     # ------------------------------------------------------------------ fold views
     def concat_view(self, keys: Sequence[str]) -> DeviceSlice:
         """Time-ordered concatenation of the named resident quarters (built once per key set)."""
+        import torch
+
         kt = tuple(keys)
         if not kt:
             raise FxDataError("concat_view: no quarter keys")
@@ -1013,6 +1043,8 @@ class DeviceStore:
     @staticmethod
     def _concat_segment_changes(qs: Sequence[_Quarter]) -> torch.Tensor | None:
         """The quarters' change counts continued across their boundaries (device ops, no sync)."""
+        import torch
+
         if any(q.segment_changes is None for q in qs):
             return None
         j = qs[0].price_columns.index(SEGMENT_COLUMN)

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from fx_assets.core.errors import FxDataError
+
+if TYPE_CHECKING:  # the *_torch forms import torch when called (the numpy forms need none)
+    import torch
 
 DEFAULT_HORIZONS: tuple[int, ...] = (1, 5, 30)
 DEFAULT_ENTRY_LAG = 1
@@ -114,6 +117,8 @@ def blended_target(
 
 
 def _log_close_torch(close: torch.Tensor, name: str) -> torch.Tensor:
+    import torch
+
     if close.ndim != 1:
         raise FxDataError(f"{name}: close must be one-dimensional, got shape {tuple(close.shape)}")
     if not torch.is_floating_point(close):
@@ -126,6 +131,8 @@ def _log_close_torch(close: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _fwd_from_log_torch(logc: torch.Tensor, h: int, d: int) -> torch.Tensor:
+    import torch
+
     n = logc.shape[0]
     out = torch.full_like(logc, float("nan"))
     m = n - d - h
@@ -142,6 +149,8 @@ def forward_log_return_torch(close: torch.Tensor, h: int, entry_lag: int = DEFAU
 
 def sign_label_torch(y: torch.Tensor, theta: float | torch.Tensor = 0.0) -> torch.Tensor:
     """Torch form of ``sign_label``."""
+    import torch
+
     th = torch.as_tensor(theta, dtype=y.dtype, device=y.device)
     one = torch.ones((), dtype=y.dtype, device=y.device)
     zero = torch.zeros((), dtype=y.dtype, device=y.device)
@@ -155,6 +164,8 @@ def blended_target_torch(
     entry_lag: int = DEFAULT_ENTRY_LAG,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch form of ``blended_target``: (target, valid) on ``close``'s device."""
+    import torch
+
     hs = _check_horizons(horizons, entry_lag)
     logc = _log_close_torch(close, "blended_target_torch")
     acc = torch.zeros_like(logc)

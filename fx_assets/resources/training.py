@@ -18,23 +18,25 @@ import datetime as dt
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import dagster as dg
-import torch
 from pydantic import Field, PrivateAttr
 
 from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
 from fx_assets.core.configmodel import ConfigModel
-from fx_assets.core.device_store import DeviceSlice, DeviceStore, ValueDtype, default_device
-from fx_assets.core.fold_stream import StreamedRows, default_budget_bytes, fold_device_bytes, plan_fold
+from fx_assets.core.device_store import ValueDtype
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig, TrainParams
 from fx_assets.partitions import QuarterSymbol, parse_partition_key
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
+
+if TYPE_CHECKING:  # torch-backed: imported where a training step uses them
+    from fx_assets.core.device_store import DeviceSlice, DeviceStore
+    from fx_assets.core.fold_stream import StreamedRows
 
 
 class FoldsConfig(dg.Config, FoldConfig):
@@ -111,12 +113,12 @@ class ResidentQuarters:
     """The quarters an input loaded, resident on the device, by partition label; and the
     fxcache files of every requested partition, for folds that stream."""
 
-    store: DeviceStore
+    store: "DeviceStore"
     loader: "DeviceFxCacheLoader"  # the loader that uploaded them (its settings key the models)
     keys: dict[str, str] = field(default_factory=dict)  # "2024-Q1|ES.FUT" -> store key (cache key)
     paths: dict[str, Path] = field(default_factory=dict)  # "2024-Q1|ES.FUT" -> fxcache file
 
-    def view(self, parts: list[QuarterSymbol]) -> DeviceSlice:
+    def view(self, parts: list[QuarterSymbol]) -> "DeviceSlice":
         """The fold's resident slice (its quarters uploaded now if the input did not)."""
         if any(p.label not in self.keys and p.label in self.paths for p in parts):
             # quarters deferred by the input: this fold's go up together (one allocation, so
@@ -132,13 +134,17 @@ class ResidentQuarters:
     def plan(self, parts: list[QuarterSymbol]) -> FoldPlan:
         """Resident when the fold's quarters (and its transition's outputs) fit the loader's
         device-memory budget, else streamed."""
+        from fx_assets.core.fold_stream import plan_fold
+
         need = self.loader.fold_bytes([self.paths[p.label] for p in parts])
         budget = self.loader.budget_bytes()
         return FoldPlan(plan_fold(need, budget), need, budget)
 
-    def streamed(self, parts: list[QuarterSymbol], fold_range: Any, cfg: TrainConfig) -> StreamedRows:
+    def streamed(self, parts: list[QuarterSymbol], fold_range: Any, cfg: TrainConfig) -> "StreamedRows":
         """The fold's rows streamed from its fxcache files, in blocks of ``cfg.block_rows`` (or
         the loader's ``stream_block_rows``)."""
+        from fx_assets.core.fold_stream import StreamedRows
+
         return StreamedRows(
             [self.paths[p.label] for p in parts],
             fold_range,
@@ -187,11 +193,13 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager, ConfigModel):
         "(each block crosses the bus once per pass; two pinned host and two device buffers).",
     )
 
-    _store: DeviceStore | None = PrivateAttr(default=None)
+    _store: "DeviceStore | None" = PrivateAttr(default=None)
     _loaded: dict[str, str] = PrivateAttr(default_factory=dict)
     _budget: int | None = PrivateAttr(default=None)
 
-    def store(self) -> DeviceStore:
+    def store(self) -> "DeviceStore":
+        from fx_assets.core.device_store import DeviceStore
+
         if self._store is None:
             self._store = DeviceStore(
                 device=None if self.device == "auto" else self.device,
@@ -205,6 +213,10 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager, ConfigModel):
 
     def device_kind(self) -> str:
         """The kind of device the data goes to (``cuda`` / ``cpu``), "auto" resolved."""
+        import torch
+
+        from fx_assets.core.device_store import default_device
+
         if self._store is not None:
             return self._store.device.type
         return default_device().type if self.device == "auto" else torch.device(self.device).type
@@ -220,6 +232,8 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager, ConfigModel):
     def budget_bytes(self) -> int:
         """The device-memory budget in bytes (the setting, or free memory minus a margin,
         resolved once per run)."""
+        from fx_assets.core.fold_stream import default_budget_bytes
+
         if self.device_memory_budget_gib is not None:
             return int(self.device_memory_budget_gib * (1 << 30))
         if self._budget is None:
@@ -228,6 +242,8 @@ class DeviceFxCacheLoader(dg.ConfigurableIOManager, ConfigModel):
 
     def fold_bytes(self, paths: list[Path]) -> int:
         """Device bytes of a resident fold over these fxcache files (from their headers)."""
+        from fx_assets.core.fold_stream import fold_device_bytes
+
         hs = [read_header(p) for p in paths]
         n = sum(int(h.n_bars) for h in hs)
         h = hs[0]

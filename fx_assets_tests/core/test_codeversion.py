@@ -145,6 +145,25 @@ EDITS: dict[str, tuple[dict[str, list[tuple[str, str]]], set[str], set[str]]] = 
         {"trained_model"},
         {"trained_model"},
     ),
+    # Modules the training layer imports inside functions only (so that loading the definitions
+    # does not import torch): a change there still moves the stages that call them.
+    "fold planning (imported inside a resource method)": (
+        {
+            "core/fold_stream.py": [
+                (
+                    'return "resident" if need_bytes <= budget_bytes',
+                    'return "resident" if need_bytes < budget_bytes',
+                )
+            ]
+        },
+        {"trained_model", "walk_forward_report"},
+        {"trained_model"},
+    ),
+    "transition warm-up (imported inside the asset function)": (
+        {"core/trainers/transition.py": [("n_tr = max(64, 2 * reach)", "n_tr = max(65, 2 * reach)")]},
+        {"trained_model"},
+        {"trained_model"},
+    ),
 }
 
 

@@ -27,13 +27,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from pydantic import Field, model_validator
-from safetensors.torch import load_file, save_file
 
 from fx_assets.core import labels
 from fx_assets.core import metrics as M
@@ -41,6 +39,9 @@ from fx_assets.core.atomic import atomic_path, atomic_write_text
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.snapshot_labels import LabelForm, SnapshotLabelConfig, label_reach
+
+if TYPE_CHECKING:  # torch is imported by the functions that run it (a config read needs no torch)
+    import torch
 
 
 class TrainParams(ConfigModel):
@@ -290,6 +291,8 @@ def selection_split(fold: Any, cfg: TrainConfig) -> tuple[int, int]:
 @contextlib.contextmanager
 def seeded(seed: int, deterministic: bool = True) -> Iterator[None]:
     """Seed torch and (optionally) switch on deterministic algorithms, restoring the flags after."""
+    import torch
+
     prev = torch.are_deterministic_algorithms_enabled()
     prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     prev_bench = torch.backends.cudnn.benchmark
@@ -313,6 +316,8 @@ def make_optimizer(
 
     ``capturable`` keeps the step count on the device, so the step can live in a CUDA graph.
     """
+    import torch
+
     fused = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(
         model.parameters(),
@@ -349,6 +354,8 @@ class GraphRunner:
         return self.graph is not None
 
     def run(self, n: int) -> None:
+        import torch
+
         if not self.graphed:
             for _ in range(n):
                 self.fn()
@@ -384,6 +391,8 @@ class GraphRunner:
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
@@ -492,6 +501,8 @@ def write_checkpoints(
     sidecar: dict[str, Any],
 ) -> tuple[Path, Path, Path]:
     """Atomically write ``best.safetensors``, ``last.safetensors`` and ``checkpoint.json``."""
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     best, last, side = out / "best.safetensors", out / "last.safetensors", out / "checkpoint.json"
@@ -530,6 +541,8 @@ def finish_training(
 
 def load_state(path: Path | str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Read a safetensors checkpoint (for ``model.load_state_dict``)."""
+    from safetensors.torch import load_file
+
     return load_file(str(path), device=str(device))
 
 
@@ -552,6 +565,8 @@ def sidecar_base(
 
 def mlp_layers(in_dim: int, hidden: Sequence[int], out_dim: int, dropout: float = 0.0) -> torch.nn.Sequential:
     """Plain ReLU MLP."""
+    import torch
+
     layers: list[torch.nn.Module] = []
     d = in_dim
     for h in hidden:

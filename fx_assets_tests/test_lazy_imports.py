@@ -1,0 +1,68 @@
+"""Loading the code location imports no heavy library it does not run (issue 10, the path people
+run): every run process, the webserver and the daemon import ``fx_assets.definitions``, and a
+feature run never touches torch (~2.4 s of a fresh process), matplotlib, LightGBM or pandas.
+Those load inside the steps that use them (training, the report pictures, the GBT baseline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Top-level packages the definitions must not import.
+HEAVY = ("torch", "triton", "matplotlib", "lightgbm", "pandas", "safetensors", "sklearn", "scipy")
+
+
+def loaded_after(statement: str) -> list[str]:
+    """The modules of the HEAVY packages loaded in a fresh interpreter after ``statement``."""
+    script = (
+        f"import json, sys; {statement}; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_loading_the_definitions_imports_no_heavy_library() -> None:
+    got = set(loaded_after("import fx_assets.definitions; fx_assets.definitions.defs"))
+    # numba's import checks the installed SciPy's version (``import scipy``, the bare package,
+    # ~4 ms); nothing of SciPy beyond what that import loads may come in.
+    allowed = set(loaded_after("import scipy"))
+    extra = got - allowed
+    assert not extra, (
+        f"fx_assets.definitions loads {sorted({m.split('.')[0] for m in extra})} ({len(extra)} modules)"
+    )
+
+
+def test_the_training_names_still_resolve_and_bring_torch() -> None:
+    """The lazily imported trainer names are the real functions (the package API holds)."""
+    got = loaded_after(
+        "from fx_assets.core.trainers import fold_transition, train_dqn, train_mlp; "
+        "from fx_assets.core.trainers.mlp import train_mlp as m; assert train_mlp is m"
+    )
+    assert "torch" in got
+
+
+def test_no_numba_kernel_is_loaded_at_import() -> None:
+    """Kernels are compiled or read from numba's cache on first call (no eager signatures), so
+    a run pays only for the kernels of the stages it executes."""
+    script = (
+        "import gc, fx_assets.definitions; from numba.core.registry import CPUDispatcher; "
+        "ds = [o for o in gc.get_objects() if isinstance(o, CPUDispatcher) "
+        "and o.py_func.__module__.startswith('fx_assets')]; "
+        "print(len(ds), sorted(d.py_func.__qualname__ for d in ds if d.overloads))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    n, loaded = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(n) > 10, "the kernels were not found (the check would pass vacuously)"
+    assert loaded == "[]", f"kernels loaded at import: {loaded}"
