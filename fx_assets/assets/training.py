@@ -475,6 +475,8 @@ def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, 
     the fold was resident), and the AUC of the score at each of those horizons."""
     import io
 
+    from fx_assets.core.fold_stream import StreamedRows  # torch: with the training step only
+
     extra = dict(fold.extra)
     if "classes" not in extra and isinstance(fold, StreamedRows):
         extra["classes"] = fold.val_classes()  # validation rows only
