@@ -33,15 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from pydantic import Field, field_validator
 
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+
+if TYPE_CHECKING:  # torch loads with the functions that run it (the definitions import none)
+    import torch
 
 LabelForm = Literal["unsmoothed", "fi", "deeplob", "tlob"]
 GRID_TOLERANCE = 1e-6  # |2 p / tick - round(2 p / tick)| allowed, in half-ticks
@@ -106,6 +108,8 @@ def running_breaks(*ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
 
 def half_ticks(mid: torch.Tensor, tick: float) -> torch.Tensor:
     """The mid as exact int64 half-ticks; FxDataError naming the first row off the grid."""
+    import torch
+
     if mid.dtype != torch.float64:
         raise FxDataError(f"mid must be float64 (the exact price block), got {mid.dtype}")
     if not (np.isfinite(tick) and tick > 0):
@@ -126,6 +130,8 @@ def relative_change(
 ) -> torch.Tensor:
     """The float64 label value of every row at horizon ``h`` from int64 half-ticks ``u``; NaN
     where the window leaves the slice or spans a break."""
+    import torch
+
     n = int(u.shape[0])
     back = back_rows(form, h, smooth)
     out = torch.full((n,), float("nan"), dtype=torch.float64, device=u.device)
@@ -172,6 +178,8 @@ class HorizonLabels:
 
 def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
     """The dead band: 0, or the ``share`` quantile of |change| over the defined training rows."""
+    import torch
+
     if share is None:
         return 0.0
     a = torch.abs(change_train[torch.isfinite(change_train)])
@@ -193,6 +201,8 @@ def snapshot_labels(
     break count of the same rows (:func:`running_breaks` of session ids and contracts). The
     dead band of each horizon is fitted on the training rows only.
     """
+    import torch
+
     n = int(mid.shape[0])
     if not 0 < n_train <= n:
         raise FxDataError(f"n_train {n_train} outside (0, {n}]")
@@ -230,6 +240,8 @@ def snapshot_labels(
 def breaks_of(*ids: torch.Tensor) -> torch.Tensor:
     """:func:`running_breaks` on the device: the running count of changes of any of ``ids``
     (e.g. the ``session`` and ``contract`` price columns of snapshot rows), int64, 0 at row 0."""
+    import torch
+
     if not ids:
         raise FxDataError("breaks_of: no id columns")
     n = int(ids[0].shape[0])
