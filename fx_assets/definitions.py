@@ -132,13 +132,14 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             train_parts, fxcache, fold_window_mapping(settings.train_quarters), settings.train_quarters
         )
         assets += [fold_ranges, trained_model, walk_forward_report]
-        assets += make_research_assets(
+        signal_report, signal_report_stitched = make_research_assets(
             train_parts,
             fxcache,
             fold_ranges,
             fold_window_mapping(settings.train_quarters),
             settings.train_quarters,
         )
+        assets += [signal_report, signal_report_stitched]
         # One run trains every selected fold with the in-process executor, so the device loader
         # (and the quarters it uploaded) serve all of them; the tag limits GPU runs to one.
         jobs.append(
@@ -155,6 +156,13 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 "walk_forward",
                 selection=dg.AssetSelection.assets(walk_forward_report),
                 description="Stitch every trained fold's out-of-sample results.",
+            )
+        )
+        jobs.append(
+            dg.define_asset_job(
+                "signal_reports",
+                selection=dg.AssetSelection.assets(signal_report, signal_report_stitched),
+                description="Per-fold signal reports (the configured row unit) and their stitched report.",
             )
         )
     assets = guard_readers(assets)  # no asset is rebuilt while an asset reading it runs

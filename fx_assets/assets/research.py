@@ -22,7 +22,6 @@ import dagster as dg
 
 from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
 from fx_assets.assets.training import fold_file, png_markdown, shown
-from fx_assets.automation import REPORT
 from fx_assets.core import lineage
 from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.errors import FxDataError
@@ -144,7 +143,6 @@ def make_research_assets(
 
     @dg.asset(
         deps=[dg.AssetDep(signal_report, partition_mapping=dg.AllPartitionMapping())],
-        automation_condition=REPORT,
         group_name="research",
         code_version=lineage.code_version("signal_report_stitched"),
         kinds={"matplotlib"},
