@@ -169,3 +169,15 @@ def test_null_market_every_horizon_inside_the_null_band(tmp_path: Path) -> None:
 
 def st_has_snapshot(stitched: dict) -> bool:
     return stitched["row_units"] == "ES.FUT snapshot" and "ES.FUT_snapshot_decay" in stitched
+
+
+def test_research_doc_lists_every_config_field() -> None:
+    from fx_assets.core.signal_inputs import SignalLabelConfig
+    from fx_assets.core.signal_report import SignalReportConfig
+    from fx_assets.core.trainers.gbt import GbtConfig
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "research.md").read_text()
+    for section, model in (("labels", SignalLabelConfig), ("gbt", GbtConfig), ("report", SignalReportConfig)):
+        part = doc.split(f"### `research.{section}`")[1].split("###")[0]
+        for name in model.model_fields:
+            assert f"| `{name}` |" in part, (section, name)

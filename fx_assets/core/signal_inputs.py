@@ -28,13 +28,18 @@ the last closed bar's ``rv_20``, the same quantity as the bar rows' ``rv_20``), 
 ``event_rate``: book snapshots + trades per second over the bar; quintiles are unchanged by the
 monotone log). Training values are those of the rows the GBT sample is drawn from.
 
+Memory: every validation row is decoded (``n_val x width x 8`` bytes) and scored at once; a
+real-scale snapshot quarter (hundreds of millions of rows) would need chunked prediction (not
+done).
+
 Models (P(up) per validation row):
 
 - ``gbt``: :func:`fx_assets.core.trainers.gbt.train_gbt`, one LightGBM model per horizon on every
-  value column (features and OFI; not the price block). ``GbtConfig.stride`` thins the training
-  rows *before* they are decoded (memory: a snapshot quarter is millions of rows), the stride-1
-  fit then runs on them with the early-stopping purge converted to thinned rows and raised to the
-  longest label reach;
+  value column (features and OFI; not the price block). Only the rows the fit can use are
+  decoded (memory: a snapshot quarter is millions of rows): every ``GbtConfig.stride``-th
+  training row, then a seeded subset of ``sample_rows / (1 - early_stop_share)`` of them; the fit
+  runs on those with the early-stopping purge counted in them so that it covers
+  ``max(purge_rows, longest label reach)`` rows of the file;
 - ``l1_imbalance``: the single-feature baseline ``(1 + I1) / 2`` with ``I1`` the level-1 queue
   imbalance (snapshot ``book_l1_imbalance``, bar ``l1_imbalance`` at the bar's close); no fit.
 """
@@ -315,6 +320,21 @@ def _bar_labels(close: F64, contract: F64, horizons: list[int], lag: int) -> dic
     return out
 
 
+def _training_rows(fr: FoldRange, cfg: GbtConfig) -> I64:
+    """The training rows decoded for the GBT: every ``stride``-th, then, when more than the fit
+    can use (``sample_rows`` plus the stopping block), a seeded sorted subset of that many."""
+    idx = np.arange(fr.train_start, fr.train_end, cfg.stride, dtype=np.int64)
+    cap = (
+        math.ceil(cfg.sample_rows / (1.0 - cfg.early_stop_share))
+        if cfg.early_stopping_rounds
+        else cfg.sample_rows
+    )
+    if idx.size > cap:
+        rng = np.random.default_rng(cfg.seed)
+        idx = np.sort(rng.choice(idx, size=cap, replace=False))
+    return idx
+
+
 def fold_signal(
     paths: Sequence[Path | str],
     fr: FoldRange,
@@ -361,8 +381,7 @@ def _fold_signal(
     train_labels, _ = slice_labels(fr.train_start, fr.train_end)
     val_labels, val_px = slice_labels(fr.val_start, fr.val_end)
     val_idx = np.arange(fr.val_start, fr.val_end)
-    stride = gbt_cfg.stride
-    tr_idx = np.arange(fr.train_start, fr.train_end, stride)
+    tr_idx = _training_rows(fr, gbt_cfg)
     feats = rows.value_names
     x_tr = rows.take(tr_idx, feats)
     x_val = rows.take(val_idx, feats)
@@ -370,11 +389,12 @@ def _fold_signal(
     for c in [*reg_cols, IMBALANCE_COLUMN[unit]]:
         if c not in fi:
             raise FxDataError(f"{rows.caches[0].path}: no column {c!r} for the signal report ({unit} rows)")
-    # the fit runs on the thinned rows: the early-stopping purge in those rows, >= the label reach
-    reach = labels_cfg.reach(unit)
-    fit_cfg = gbt_cfg.model_copy(
-        update={"stride": 1, "purge_rows": math.ceil(max(gbt_cfg.purge_rows, reach) / stride) + 1}
-    )
+    # the fit runs on the decoded rows: the early-stopping purge counted in them, covering
+    # max(purge_rows, label reach) rows of the file before the stopping block
+    purge = max(gbt_cfg.purge_rows, labels_cfg.reach(unit))
+    s0 = int(tr_idx.size * (1.0 - gbt_cfg.early_stop_share))
+    drop = s0 - int(np.searchsorted(tr_idx, tr_idx[min(s0, tr_idx.size - 1)] - purge, side="left"))
+    fit_cfg = gbt_cfg.model_copy(update={"stride": 1, "purge_rows": drop + 1})
     gbt: dict[int, F64] = {}
     info: dict[str, Any] = {"row_unit": unit, "n_train_rows": fr.n_train, "n_val_rows": fr.n_val, "gbt": {}}
     for h in hs:
