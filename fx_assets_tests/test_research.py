@@ -181,3 +181,24 @@ def test_research_doc_lists_every_config_field() -> None:
         part = doc.split(f"### `research.{section}`")[1].split("###")[0]
         for name in model.model_fields:
             assert f"| `{name}` |" in part, (section, name)
+
+
+def test_every_research_field_and_input_moves_the_report_key() -> None:
+    from fx_assets.core import lineage
+    from fx_assets_tests.test_lineage import mutations
+
+    configs = list(ResearchConfig().core_configs())
+    base = lineage.signal_report_key("f" * 64, ["a" * 64, "b" * 64], configs)
+    seen = {base}
+    for i, model in enumerate(configs):
+        for path, changed in mutations(model):
+            k = lineage.signal_report_key(
+                "f" * 64, ["a" * 64, "b" * 64], [*configs[:i], changed, *configs[i + 1 :]]
+            )
+            assert k not in seen, (type(model).__name__, path)
+            seen.add(k)
+    assert lineage.signal_report_key("e" * 64, ["a" * 64, "b" * 64], configs) != base  # fold ranges
+    assert lineage.signal_report_key("f" * 64, ["a" * 64, "c" * 64], configs) != base  # an fxcache file
+    assert lineage.signal_report_stitched_key([base], configs) != lineage.signal_report_stitched_key(
+        [base, base], configs
+    )
