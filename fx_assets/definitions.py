@@ -19,6 +19,7 @@
                        │  (device loader: upload once per run, slice by index per fold)
                        ▼
     fold_ranges ──► trained_model ──► walk_forward_report
+         └──────► signal_report ──► signal_report_stitched   (research: where the signal lives)
 
 Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
 file ``FX_CONFIG`` points to (see :mod:`fx_assets.settings`). The quarter dimension has no fixed
@@ -37,6 +38,7 @@ from fx_assets.assets.download import download_definitions
 from fx_assets.assets.features import make_feature_assets
 from fx_assets.assets.ingest import make_ingest_assets
 from fx_assets.assets.raw import make_raw_assets
+from fx_assets.assets.research import make_research_assets
 from fx_assets.assets.training import GPU_TAGS, make_training_assets
 from fx_assets.automation import automation_sensor, guard_readers
 from fx_assets.executors import feature_executor, training_tags
@@ -47,6 +49,7 @@ from fx_assets.partitions import (
     training_partitions,
 )
 from fx_assets.resources.pipeline import PipelineConfig
+from fx_assets.resources.research import ResearchConfig
 from fx_assets.resources.storage import FxStorage
 from fx_assets.resources.training import DeviceFxCacheLoader, default_training
 from fx_assets.sensors import make_sensors
@@ -119,6 +122,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
         "pipeline": pipeline,
         "training": default_training(settings.train_quarters),
         "fxcache_loader": DeviceFxCacheLoader(storage=storage, pipeline=pipeline),
+        "research": ResearchConfig(),
     }
     assets: list = [raw_trades, raw_mbp10, *feature_assets]
     jobs = [observe_raw, build_features]
@@ -128,6 +132,14 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             train_parts, fxcache, fold_window_mapping(settings.train_quarters), settings.train_quarters
         )
         assets += [fold_ranges, trained_model, walk_forward_report]
+        signal_report, signal_report_stitched = make_research_assets(
+            train_parts,
+            fxcache,
+            fold_ranges,
+            fold_window_mapping(settings.train_quarters),
+            settings.train_quarters,
+        )
+        assets += [signal_report, signal_report_stitched]
         # One run trains every selected fold with the in-process executor, so the device loader
         # (and the quarters it uploaded) serve all of them; the tag limits GPU runs to one.
         jobs.append(
@@ -144,6 +156,13 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
                 "walk_forward",
                 selection=dg.AssetSelection.assets(walk_forward_report),
                 description="Stitch every trained fold's out-of-sample results.",
+            )
+        )
+        jobs.append(
+            dg.define_asset_job(
+                "signal_reports",
+                selection=dg.AssetSelection.assets(signal_report, signal_report_stitched),
+                description="Per-fold signal reports (the configured row unit) and their stitched report.",
             )
         )
     assets = guard_readers(assets)  # no asset is rebuilt while an asset reading it runs

@@ -26,6 +26,8 @@ EXPECTED = {
     "fold_ranges",
     "trained_model",
     "walk_forward_report",
+    "signal_report",
+    "signal_report_stitched",
 }
 
 
@@ -98,8 +100,12 @@ def test_automation_is_on_by_default_and_covers_every_derived_asset(tmp_path: Pa
     assert set(sensors) == {"raw_files_sensor", "fx_automation"}
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
     graph = defs.resolve_asset_graph()
-    for key in EXPECTED - {"raw_trades", "raw_mbp10"}:
+    # the research reports are run on request (a LightGBM fit per fold and horizon), never automated
+    research = {"signal_report", "signal_report_stitched"}
+    for key in EXPECTED - {"raw_trades", "raw_mbp10"} - research:
         assert graph.get(dg.AssetKey(key)).automation_condition is not None, key
+    for key in research:
+        assert graph.get(dg.AssetKey(key)).automation_condition is None, key
     # the GPU limit applies to asset-backfill and automation runs too: a pool, not a job tag
     assert graph.get(dg.AssetKey("trained_model")).pools == {"gpu"}
     yaml_text = (REPO / "dagster.yaml").read_text()

@@ -33,7 +33,7 @@ def test_readme_run_config_example_is_valid(example: str, tmp_path: Path) -> Non
         )
     )
     used = set()
-    for name in ("build_features", "train_models", "walk_forward"):
+    for name in ("build_features", "train_models", "walk_forward", "signal_reports"):
         resolved = dg.validate_run_config(defs.resolve_job_def(name), config)["resources"]
         for res, body in config.get("resources", {}).items():
             if res not in resolved:  # the job's assets do not use this resource

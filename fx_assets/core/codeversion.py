@@ -56,6 +56,8 @@ STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
         "fx_assets.resources.training:DeviceFxCacheLoader",
     ),
     "walk_forward_report": ("fx_assets.assets.training:make_training_assets.walk_forward_report",),
+    "signal_report": ("fx_assets.assets.research:make_research_assets.signal_report",),
+    "signal_report_stitched": ("fx_assets.assets.research:make_research_assets.signal_report_stitched",),
 }
 
 VERSION_CHARS = 16  # hex digits of a version (64 bits)

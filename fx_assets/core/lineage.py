@@ -248,3 +248,15 @@ def trained_model_key(
         TRAINING_FORMAT_VERSION,
         {"loader": dict(loader)},
     )
+
+
+def signal_report_key(fold_key: str, fxcache_keys: Sequence[str], configs: Sequence[BaseModel]) -> str:
+    """Key of one fold's signal report: the fold's ranges (``fold_ranges_key``), its fxcache
+    files (their row unit and stack are in their keys) and the report's configs (labels, GBT,
+    bootstrap)."""
+    return _key("signal_report", list(configs), [], [fold_key, *fxcache_keys], TRAINING_FORMAT_VERSION)
+
+
+def signal_report_stitched_key(fold_report_keys: Sequence[str], configs: Sequence[BaseModel]) -> str:
+    """Key of the stitched report: the per-fold report keys it concatenates, in order."""
+    return _key("signal_report_stitched", list(configs), [], list(fold_report_keys), TRAINING_FORMAT_VERSION)

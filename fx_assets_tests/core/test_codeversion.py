@@ -203,7 +203,7 @@ def test_the_asset_code_versions_are_the_derived_ones() -> None:
 
     graph = defs.resolve_asset_graph()
     for stage in ("roll_calendar", "bars", "bar_features", "ofi_features", "fxcache", "fold_ranges",
-                  "trained_model", "walk_forward_report"):  # fmt: skip
+                  "trained_model", "walk_forward_report", "signal_report", "signal_report_stitched"):  # fmt: skip
         import dagster as dg
 
         assert graph.get(dg.AssetKey(stage)).code_version == codeversion.stage_version(stage), stage

@@ -1,0 +1,221 @@
+"""Research assets: ``signal_report`` (per validation quarter × symbol, like the folds) and the
+unpartitioned ``signal_report_stitched``.
+
+``signal_report[2024-Q3|ES.FUT]`` reads the fold's fxcache files (the configured row unit) and
+its ``fold_ranges``, derives labels per horizon and regime variables, fits the LightGBM baseline
+on a sample of the training rows and reports out-of-sample AUC / accuracy of it and of the
+level-1-imbalance baseline (:mod:`fx_assets.core.signal_inputs`,
+:mod:`fx_assets.core.signal_report`). Its files (``fold_signal.npz``, ``signal_report.md/.png/
+.json``) lie under a keyed folder: the key covers the fold ranges, the fxcache files (so the row
+unit and feature stack) and the ``research`` resource. ``signal_report_stitched`` concatenates
+every fold's validation rows per row unit, for each row unit whose per-fold reports exist on the
+same quarters (each row unit is its own materialization, under its own key): bar beside
+snapshot. Markdown and the decay PNG are in the materialization metadata (asset page in the UI).
+The trained models' per-row validation probabilities are not reported (``trained_model`` does
+not save them).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
+from fx_assets.assets.training import fold_file, png_markdown, shown
+from fx_assets.core import lineage
+from fx_assets.core.atomic import atomic_write_text
+from fx_assets.core.errors import FxDataError
+from fx_assets.partitions import QuarterSymbol, context_partition, parse_partition_key
+from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
+from fx_assets.resources.research import ResearchConfig
+from fx_assets.resources.storage import FxStorage
+from fx_assets.resources.training import TrainingConfig
+
+ROW_UNITS = ("bar", "snapshot")
+FOLD_FILE = "fold_signal.npz"
+
+
+def with_row_unit(pipeline: PipelineConfig, row_unit: str) -> PipelineConfig:
+    """The same pipeline parameters with another row unit (its keys: that row unit's files)."""
+    return PipelineConfig(
+        bars=pipeline.bars,
+        bar_features=pipeline.bar_features,
+        ofi=pipeline.ofi,
+        fxcache=FxCacheWriteConfig(**{**pipeline.fxcache.model_dump(), "row_unit": row_unit}),
+        snapshot=pipeline.snapshot,
+        bars_target_per_session=pipeline.bars_target_per_session,
+    )
+
+
+def report_dir(
+    storage: FxStorage,
+    pipeline: PipelineConfig,
+    training: TrainingConfig,
+    research: ResearchConfig,
+    part: QuarterSymbol,
+    n_train: int,
+) -> tuple[list[Path], Path, str, Path]:
+    """(fxcache paths, fold ranges file, report key, folder) of one fold's report."""
+    parts, keys, fkey, fpath = fold_file(storage, pipeline, training, part, n_train)
+    key = lineage.signal_report_key(fkey, keys, research.core_configs())
+    paths = [StageIO(storage, pipeline, p).path("fxcache") for p in parts]
+    folder = storage.layout.reports_dir() / "signal_report" / part.symbol / f"{part.quarter_label}.{key[:16]}"
+    return paths, fpath, key, folder
+
+
+def make_research_assets(
+    training_partitions, fxcache, fold_ranges, window_mapping, train_quarters: int
+) -> tuple:
+    n_train = train_quarters
+
+    @dg.asset(
+        partitions_def=training_partitions,
+        deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping), fold_ranges],
+        group_name="research",
+        code_version=lineage.code_version("signal_report"),
+        kinds={"lightgbm", "matplotlib"},
+        description=(
+            "Where the signal lives, per fold: out-of-sample AUC / accuracy by label horizon (decay "
+            "curve) and by regime quintile (spread, realised volatility, event rate), LightGBM beside "
+            "the level-1-imbalance baseline, moving-block-bootstrap error bars, empirical-null band."
+        ),
+    )
+    def signal_report(
+        context: dg.AssetExecutionContext,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+        training: TrainingConfig,
+        research: ResearchConfig,
+    ) -> dg.MaterializeResult:
+        from fx_assets.core.folds import FoldRange
+        from fx_assets.core.signal_inputs import fold_signal, report_inputs
+        from fx_assets.core.signal_report import signal_report as build_report
+
+        part = context_partition(context)
+        paths, fpath, key, folder = report_dir(storage, pipeline, training, research, part, n_train)
+        md_path = folder / "signal_report.md"
+        built = load_build_metadata(md_path) if (folder / FOLD_FILE).is_file() else None
+        if built is not None:
+            return dg.MaterializeResult(
+                metadata={**built, "action": "reused"}, data_version=dg.DataVersion(key[:24])
+            )
+        if not fpath.is_file():
+            raise dg.Failure(
+                f"{part.label}: fold ranges not materialized for the current config ({fpath.name})"
+            )
+        for p, q in zip(paths, fold_file(storage, pipeline, training, part, n_train)[0], strict=True):
+            if not p.is_file():
+                raise dg.Failure(f"{q.label}: no fxcache file {p.name}; materialize fxcache[{q.label}] first")
+        import json
+
+        d = json.loads(fpath.read_text())
+        fr = FoldRange(**{k: d[k] for k in FoldRange.__dataclass_fields__})
+        labels_cfg, gbt_cfg, report_cfg = research.core_configs()
+        try:
+            sig = fold_signal(paths, fr, labels_cfg, gbt_cfg, tick=pipeline.snapshot.tick_size)
+            sig.save(folder / FOLD_FILE)
+            rep = build_report(*report_inputs({sig.row_unit: sig}), report_cfg)
+        except FxDataError as exc:
+            raise dg.Failure(f"{part.label}: {exc}") from exc
+        files = rep.write(folder)
+        png = files["png"].read_bytes()
+        meta: dict[str, Any] = {
+            "fold": shown(part),
+            "row_unit": sig.row_unit,
+            "action": "built",
+            "cache_key": key[:16],
+            "path": dg.MetadataValue.path(str(folder)),
+            "val_rows": fr.n_val,
+            "train_rows": fr.n_train,
+            "block_rows": rep.block,
+            "decay": png_markdown(png, f"AUC by horizon {shown(part)} ({sig.row_unit})"),
+            "report": dg.MetadataValue.md(files["md"].read_text()),
+            "gbt": dg.MetadataValue.json(sig.info["gbt"]),
+            "auc_by_horizon": dg.MetadataValue.json(
+                {
+                    f"{u}|{m}": {str(c.horizon): round(c.auc, 5) for c in cs}
+                    for (u, m), cs in rep.curves().items()
+                }
+            ),
+        }
+        save_build_metadata(md_path, meta)  # written last: its presence marks the report complete
+        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key[:24]))
+
+    @dg.asset(
+        deps=[dg.AssetDep(signal_report, partition_mapping=dg.AllPartitionMapping())],
+        group_name="research",
+        code_version=lineage.code_version("signal_report_stitched"),
+        kinds={"matplotlib"},
+        description=(
+            "Every fold's signal report stitched in time order, per row unit: each row unit (bar, "
+            "snapshot) whose per-fold reports exist on the same quarters, side by side."
+        ),
+    )
+    def signal_report_stitched(
+        context: dg.AssetExecutionContext,
+        storage: FxStorage,
+        pipeline: PipelineConfig,
+        training: TrainingConfig,
+        research: ResearchConfig,
+    ) -> dg.MaterializeResult:
+        from fx_assets.core.signal_inputs import FoldSignal, report_inputs, stitch_signals
+        from fx_assets.core.signal_report import signal_report as build_report
+
+        found: dict[
+            str, dict[str, dict[str, tuple[str, Path]]]
+        ] = {}  # symbol -> unit -> quarter -> (key, file)
+        for unit in ROW_UNITS:
+            pl = with_row_unit(pipeline, unit)
+            for pk in training_partitions.get_partition_keys(dynamic_partitions_store=context.instance):
+                part = parse_partition_key(pk)
+                try:
+                    _, _, key, folder = report_dir(storage, pl, training, research, part, n_train)
+                except (FileNotFoundError, dg.Failure):  # an input of the fold is not built
+                    continue
+                if (folder / FOLD_FILE).is_file() and load_build_metadata(folder / "signal_report.md"):
+                    found.setdefault(part.symbol, {}).setdefault(unit, {})[part.quarter_label] = (
+                        key,
+                        folder / FOLD_FILE,
+                    )
+        if not found:
+            raise dg.Failure("no signal_report folds for the current config: materialize signal_report first")
+        _, _, report_cfg = research.core_configs()
+        meta: dict[str, Any] = {}
+        out_keys: list[str] = []
+        sections: list[tuple[str, str, list[str], Any]] = []
+        for symbol, units in sorted(found.items()):
+            common = sorted(set.intersection(*(set(q) for q in units.values())))
+            if not common:
+                context.log.warning(f"{symbol}: row units {sorted(units)} have no quarter in common")
+                continue
+            for unit, qs in sorted(units.items()):
+                sig = stitch_signals([FoldSignal.load(qs[q][1]) for q in common])
+                rep = build_report(*report_inputs({unit: sig}), report_cfg)
+                out_keys += [qs[q][0] for q in common]
+                sections.append((symbol, unit, common, rep))
+        if not sections:
+            raise dg.Failure("no quarter has signal reports of every row unit found")
+        key = lineage.signal_report_stitched_key(out_keys, research.core_configs())
+        folder = storage.layout.reports_dir() / "signal_report" / f"stitched.{key[:16]}"
+        index = ["# Signal report, stitched folds", ""]
+        for symbol, unit, common, rep in sections:
+            files = rep.write(folder, stem=f"{symbol}_{unit}")
+            png = files["png"].read_bytes()
+            name = f"{symbol}_{unit}"
+            meta[f"{name}_decay"] = png_markdown(png, f"{symbol} {unit} rows: AUC by horizon")
+            meta[f"{name}_report"] = dg.MetadataValue.md(files["md"].read_text())
+            index.append(f"- {symbol}, {unit} rows: quarters {', '.join(common)} ({files['md'].name})")
+        atomic_write_text(folder / "index.md", "\n".join(index) + "\n")
+        meta = {
+            "row_units": ", ".join(sorted({f"{s} {u}" for s, u, _, _ in sections})),
+            "quarters": ", ".join(sorted({q for _, _, c, _ in sections for q in c})),
+            "cache_key": key[:16],
+            "path": dg.MetadataValue.path(str(folder)),
+            **meta,
+        }
+        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key[:24]))
+
+    return signal_report, signal_report_stitched
+
+
+__all__ = ["make_research_assets"]

@@ -1,0 +1,212 @@
+"""The ``signal_report`` assets through Dagster: per fold for both row units, and stitched side by
+side; on a planted event-time signal the snapshot decay curve peaks where the plant does (slow)."""
+
+import datetime as dt
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fx_assets.definitions import FEATURE_STAGES, build_definitions
+from fx_assets.partitions import partition_key
+from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
+from fx_assets.resources.research import (
+    GbtBaselineConfig,
+    ResearchConfig,
+    SignalLabelsConfig,
+    SignalReportSettings,
+)
+from fx_assets.settings import ProjectSettings
+
+Q1, Q2 = dt.date(2024, 1, 1), dt.date(2024, 4, 1)
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# the tiny market has ~800 book updates per session: snapshot horizons up to 50 updates
+SMALL = ResearchConfig(
+    labels=SignalLabelsConfig(snapshot_horizons=[5, 10, 20, 50]),
+    gbt=GbtBaselineConfig(
+        sample_rows=3000,
+        stride=3,
+        n_estimators=30,
+        min_data_in_leaf=50,
+        early_stopping_rounds=10,
+        purge_rows=40,
+    ),
+    report=SignalReportSettings(n_boot=20, n_perm=20),
+)
+
+
+def _run(
+    defs: dg.Definitions, inst: dg.DagsterInstance, resources: dict, selection: list[str], pk: str | None
+):
+    r = dg.materialize(
+        list(defs.assets or []),
+        selection=selection,
+        partition_key=pk,
+        instance=inst,
+        resources=resources,
+        run_config=QUIET,
+    )
+    assert r.success
+    return r
+
+
+def _meta(r: dg.ExecuteInProcessResult, asset: str) -> dict:
+    for ev in r.get_asset_materialization_events():
+        if ev.asset_key.to_user_string() == asset:
+            return {k: v.value for k, v in ev.materialization.metadata.items()}
+    raise KeyError(asset)
+
+
+def materialize_reports(root: Path, research: ResearchConfig, units: tuple[str, ...]) -> dict:
+    """Features of Q1 and Q2 for each row unit, the Q2 fold (trained on Q1) and its signal report,
+    then the stitched report; returns {unit: fold metadata} and the stitched metadata."""
+    defs = build_definitions(
+        ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=Q2, train_quarters=1)
+    )
+    base = {**dict(defs.resources or {}), "research": research}
+    out: dict = {}
+    with dg.instance_for_test() as inst:
+        for unit in units:
+            res = {**base, "pipeline": PipelineConfig(fxcache=FxCacheWriteConfig(row_unit=unit))}
+            for q in (Q1, Q2):
+                _run(defs, inst, res, list(FEATURE_STAGES), partition_key(q, "ES.FUT"))
+            r = _run(defs, inst, res, ["fold_ranges", "signal_report"], partition_key(Q2, "ES.FUT"))
+            out[unit] = _meta(r, "signal_report")
+        out["stitched"] = _meta(
+            _run(defs, inst, base, ["signal_report_stitched"], None), "signal_report_stitched"
+        )
+        # a second materialization of the same fold is a cache hit with the build's metadata
+        res = {**base, "pipeline": PipelineConfig(fxcache=FxCacheWriteConfig(row_unit=units[-1]))}
+        again = _meta(_run(defs, inst, res, ["signal_report"], partition_key(Q2, "ES.FUT")), "signal_report")
+        out["again"] = again
+    return out
+
+
+def test_signal_report_both_row_units_and_stitched(market3: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    m = materialize_reports(root, SMALL, ("bar", "snapshot"))
+    bar, snap, st = m["bar"], m["snapshot"], m["stitched"]
+    assert bar["row_unit"] == "bar" and snap["row_unit"] == "snapshot"
+    assert bar["cache_key"] != snap["cache_key"] and Path(bar["path"]) != Path(snap["path"])
+    for fm, hs in ((bar, [1, 2, 5, 10, 30]), (snap, [5, 10, 20, 50])):
+        folder = Path(fm["path"])
+        for f in ("signal_report.md", "signal_report.png", "signal_report.json", "fold_signal.npz"):
+            assert (folder / f).is_file(), f
+        assert fm["decay"].startswith("![AUC by horizon") and "data:image/png;base64," in fm["decay"]
+        md = fm["report"]
+        assert "## By horizon" in md and "## By spread bin" in md and "## By realised_vol bin" in md
+        assert "## By event_rate bin" in md
+        curves = fm["auc_by_horizon"]
+        unit = fm["row_unit"]
+        assert set(curves) == {f"{unit}|gbt", f"{unit}|l1_imbalance"}
+        assert sorted(int(h) for h in curves[f"{unit}|gbt"]) == hs
+        assert all(0.0 <= a <= 1.0 for c in curves.values() for a in c.values())
+    assert m["again"]["action"] == "reused" and m["again"]["cache_key"] == snap["cache_key"]
+    # stitched: both row units on the same quarter, each with its own report and picture
+    assert st["row_units"] == "ES.FUT bar, ES.FUT snapshot" and st["quarters"] == "2024-Q2"
+    for unit in ("bar", "snapshot"):
+        assert "data:image/png;base64," in st[f"ES.FUT_{unit}_decay"]
+        assert f"{unit} · gbt" in st[f"ES.FUT_{unit}_report"]
+    assert (Path(st["path"]) / "index.md").is_file()
+
+
+def test_stitched_shows_only_row_units_that_exist(market3: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    m = materialize_reports(root, SMALL, ("bar",))
+    assert m["stitched"]["row_units"] == "ES.FUT bar"
+    assert not any(k.startswith("ES.FUT_snapshot") for k in m["stitched"])
+
+
+# --- the planted event-time signal (docs/synthetic-market.md: response peaks ~42 updates ahead) ---
+
+DENSE = {"scale": 0.002, "seed": 3, "book_ratio": 50.0}  # ~23 k book updates per session
+PLANT = ResearchConfig(
+    gbt=GbtBaselineConfig(sample_rows=40_000, stride=10, n_estimators=150, early_stopping_rounds=30),
+    report=SignalReportSettings(n_boot=40, n_perm=40),
+)
+
+
+def _dense_report(tmp_path: Path, snap_signal: float) -> tuple[dict, dict]:
+    import json
+
+    from fx_assets.core.synth import SynthConfig, generate_market
+
+    root = tmp_path / "data"
+    generate_market(root, SynthConfig(quarters=(Q1, Q2), snap_signal=snap_signal, **DENSE))  # type: ignore[arg-type]
+    m = materialize_reports(root, PLANT, ("snapshot",))
+    doc = json.loads((Path(m["snapshot"]["path"]) / "signal_report.json").read_text())
+    return m, doc
+
+
+def _all_cells(doc: dict, model: str) -> dict[int, dict]:
+    return {c["horizon"]: c for c in doc["cells"] if c["regime"] == "all" and c["model"] == model}
+
+
+@pytest.mark.slow
+def test_snapshot_decay_curve_peaks_at_the_planted_horizon(tmp_path: Path) -> None:
+    m, doc = _dense_report(tmp_path, 2.0)
+    for model in ("l1_imbalance", "gbt"):
+        cells = _all_cells(doc, model)
+        auc = {h: c["auc"] for h, c in cells.items()}
+        peak = max(auc, key=lambda h: auc[h])
+        assert peak in (20, 50), (model, auc)
+        assert cells[peak]["in_null_band"] is False and cells[peak]["auc_lo"] > 0.55, (model, cells[peak])
+        assert auc[10] < auc[peak] and auc[500] < auc[100] < auc[peak], (model, auc)
+    assert st_has_snapshot(m["stitched"])
+
+
+@pytest.mark.slow
+def test_null_market_every_horizon_inside_the_null_band(tmp_path: Path) -> None:
+    m, doc = _dense_report(tmp_path, 0.0)
+    outside = []
+    for model in ("l1_imbalance", "gbt"):
+        for h, c in _all_cells(doc, model).items():
+            # h = 10: the default book's own mechanics (docs/synthetic-market.md: a touch move
+            # leaves a fresh level-1 queue against the move) give the imbalance AUC ~0.503 over a
+            # whole quarter, outside a band that narrow; no plant, so it stays within 0.01
+            if h == 10:
+                assert abs(c["auc"] - 0.5) < 0.01, (model, h, c)
+            elif not c["in_null_band"]:
+                outside.append((model, h, c["auc"], c["null_sd"]))
+    assert not outside, outside
+    assert st_has_snapshot(m["stitched"])
+
+
+def st_has_snapshot(stitched: dict) -> bool:
+    return stitched["row_units"] == "ES.FUT snapshot" and "ES.FUT_snapshot_decay" in stitched
+
+
+def test_research_doc_lists_every_config_field() -> None:
+    from fx_assets.core.signal_inputs import SignalLabelConfig
+    from fx_assets.core.signal_report import SignalReportConfig
+    from fx_assets.core.trainers.gbt import GbtConfig
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "research.md").read_text()
+    for section, model in (("labels", SignalLabelConfig), ("gbt", GbtConfig), ("report", SignalReportConfig)):
+        part = doc.split(f"### `research.{section}`")[1].split("###")[0]
+        for name in model.model_fields:
+            assert f"| `{name}` |" in part, (section, name)
+
+
+def test_every_research_field_and_input_moves_the_report_key() -> None:
+    from fx_assets.core import lineage
+    from fx_assets_tests.test_lineage import mutations
+
+    configs = list(ResearchConfig().core_configs())
+    base = lineage.signal_report_key("f" * 64, ["a" * 64, "b" * 64], configs)
+    seen = {base}
+    for i, model in enumerate(configs):
+        for path, changed in mutations(model):
+            k = lineage.signal_report_key(
+                "f" * 64, ["a" * 64, "b" * 64], [*configs[:i], changed, *configs[i + 1 :]]
+            )
+            assert k not in seen, (type(model).__name__, path)
+            seen.add(k)
+    assert lineage.signal_report_key("e" * 64, ["a" * 64, "b" * 64], configs) != base  # fold ranges
+    assert lineage.signal_report_key("f" * 64, ["a" * 64, "c" * 64], configs) != base  # an fxcache file
+    assert lineage.signal_report_stitched_key([base], configs) != lineage.signal_report_stitched_key(
+        [base, base], configs
+    )
