@@ -115,7 +115,7 @@ def test_ui_graph_click_to_materialize_and_equity_picture(dagster_dev_factory, c
     # 1. The asset graph: the global lineage lists every group; each group's graph draws each of
     #    its assets as a node (not only as a link to another group).
     groups = groups_of_assets(dev)
-    assert set(groups) == {"raw", "ingest", "features", "training"}, groups
+    assert set(groups) == {"raw", "ingest", "features", "training", "research"}, groups
     page.goto(f"{dev.url}/asset-groups", wait_until="networkidle")
     for g in groups:
         expect(page.get_by_text(g, exact=True).first).to_be_visible()
