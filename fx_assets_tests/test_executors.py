@@ -112,6 +112,14 @@ def _tree(root: Path) -> dict[str, bytes]:
     }
 
 
+NO_COMPUTE_LOGS = {
+    "compute_logs": {
+        "module": "dagster._core.storage.noop_compute_log_manager",
+        "class": "NoOpComputeLogManager",
+    }
+}
+
+
 @pytest.mark.slow
 def test_dask_cluster_of_worker_processes_gives_the_multiprocess_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -142,7 +150,10 @@ def test_dask_cluster_of_worker_processes_gives_the_multiprocess_bytes(
         Client(cluster) as client,
     ):
         monkeypatch.setenv("FX_DASK_ADDRESS", cluster.scheduler_address)
-        with dg.instance_for_test() as inst:
+        # No compute-log capture: with it each Dask worker thread waits for the step's tail
+        # subprocess to exit (py-spy: compute_logs.execute_posix_tail -> Popen.wait), holding
+        # the worker at no CPU for minutes. This test checks bytes and process ids, not logs.
+        with dg.instance_for_test(overrides=NO_COMPUTE_LOGS) as inst:
             step_pids = _build_two_partitions(root, inst, dask_build_features_job)
             runs = inst.get_runs()
         worker_pids = set(client.run(os.getpid).values())
