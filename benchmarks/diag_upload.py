@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -81,20 +82,24 @@ def load_once(items: list[tuple[str, Path]], paths: list[Path], **kw: Any) -> di
 
 
 def variant(
-    items: list[tuple[str, Path]], paths: list[Path], reps: int, nohash: bool, **kw: Any
+    items: list[tuple[str, Path]], paths: list[Path], reps: int, nohash: bool, old: Any = None, **kw: Any
 ) -> dict[str, Any]:
-    orig = checksum.new_hasher
+    orig, orig_stream = checksum.new_hasher, ds.DeviceStore._stream_specs
     if nohash:
         ds.checksum.new_hasher = _NoHash  # type: ignore[assignment]
+    if old is not None:  # another version's read/hash/copy pipeline, for an A/B in one process
+        ds.DeviceStore._stream_specs = old  # type: ignore[method-assign]
     try:
         load_once(items, paths, **kw)  # warm (pinned pool, kernels)
         runs = [load_once(items, paths, **kw) for _ in range(reps)]
     finally:
         ds.checksum.new_hasher = orig
+        ds.DeviceStore._stream_specs = orig_stream  # type: ignore[method-assign]
     nbytes = runs[0]["h2d_bytes"]
     return {
         "kw": kw,
         "nohash": nohash,
+        "pipeline": "old" if old is not None else "this tree",
         "stream_GBps_median": nbytes / statistics.median(r["stream_s"] for r in runs) / 1e9,
         "end_to_end_GBps_median": nbytes / statistics.median(r["seconds"] for r in runs) / 1e9,
         "h2d_leg_GBps_median": statistics.median(r["h2d_leg_GBps"] for r in runs),
@@ -191,30 +196,51 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="diag_upload.json")
+    ap.add_argument("--old", default=None, help="another device_store.py: its _stream_specs runs as 'old'")
+    ap.add_argument("--pieces", action="store_true", help="also time preadv, XXH3 and copies alone")
     a = ap.parse_args()
     paths = sorted(Path(a.data).glob("*.fxcache"))
     items = loader_items(paths)
     res: dict[str, Any] = {"machine": machine(), "files": [p.name for p in paths], "variants": []}
+    old = None
+    if a.old:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_old_device_store", a.old)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+        old = mod.DeviceStore._stream_specs
     grid: list[dict[str, Any]] = [
+        dict(nohash=False, old=True),
         dict(nohash=False),
+        dict(nohash=False, old=True),
+        dict(nohash=False),
+        dict(nohash=True, old=True),
         dict(nohash=True),
-        dict(nohash=False, staging_bytes=32 << 20),
-        dict(nohash=True, staging_bytes=32 << 20),
         dict(nohash=False, io_threads=12),
-        dict(nohash=False, io_threads=4),
-        dict(nohash=False, staging_bytes=32 << 20, io_threads=12),
+        dict(nohash=False, io_threads=14),
+        dict(nohash=False, io_threads=14, staging_bytes=16 << 20),
+        dict(nohash=False, staging_bytes=32 << 20),
+        dict(nohash=False, old=True, staging_bytes=32 << 20),
     ]
     for g in grid:
         g = {**g}
         nh = bool(g.pop("nohash"))
-        v = variant(items, paths, a.reps, nh, **g)
+        use_old = bool(g.pop("old", False))
+        if use_old and old is None:
+            continue
+        v = variant(items, paths, a.reps, nh, old if use_old else None, **g)
         res["variants"].append(v)
         print(
-            f"nohash={nh!s:5} {g!s:45} stream {v['stream_GBps_median']:6.1f} GB/s  e2e "
+            f"{v['pipeline']:9} nohash={nh!s:5} {g!s:45} stream {v['stream_GBps_median']:6.1f} GB/s  e2e "
             f"{v['end_to_end_GBps_median']:6.1f}  h2d leg {v['h2d_leg_GBps_median']:6.1f}",
             flush=True,
         )
         Path(a.out).write_text(json.dumps(res, indent=2, default=str))
+    if not a.pieces:
+        return
     for thr in (8, 14):
         res.setdefault("pieces", []).append(pieces(paths, 8 << 20, thr))
         print("pieces", res["pieces"][-1], flush=True)
