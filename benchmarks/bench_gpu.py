@@ -49,9 +49,9 @@ import torch
 from benchmarks.bench_fxcache_verify import measure as measure_verify
 from fx_assets.core import calendar
 from fx_assets.core.bar_rows import PRICE_COLUMNS
-from fx_assets.core.device_store import DeviceStore
+from fx_assets.core.device_store import ROW_UNIT_PRICE, DeviceStore
 from fx_assets.core.folds import FoldConfig, fold_range
-from fx_assets.core.fxcache import open_fxcache, read_header, write_fxcache
+from fx_assets.core.fxcache import FxCacheWriter, open_fxcache, read_header, write_fxcache
 from fx_assets.core.ofi import OfiConfig
 from fx_assets.core.trainers import TrainConfig, fold_transition, train_dqn, train_mlp
 
@@ -189,6 +189,67 @@ def write_quarters(d: Path, n_q: int, n: int, seed: int) -> tuple[list[Path], li
     return paths, starts
 
 
+SNAPSHOT_ROW_NS = 2 * 10**9  # row spacing of the synthetic snapshot timestamps (inside sessions)
+
+
+def snapshot_feature_names() -> list[str]:
+    """The snapshot row unit's ``feature`` columns at the default configs (43 book/flow/clock
+    features + 28 ``bar_`` context columns = 71, stored padded to 72)."""
+    from fx_assets.core import bar_features
+    from fx_assets.core.snapshot_features import SnapshotFeatureConfig, feature_names
+
+    return [*feature_names(SnapshotFeatureConfig()), *(f"bar_{k}" for k in bar_features.feature_names())]
+
+
+def write_snapshot_quarters(d: Path, n_q: int, n: int, seed: int) -> tuple[list[Path], list[int]]:
+    """``n_q`` snapshot-row fxcache files of ``n`` rows each, shaped as
+    ``snapshot_rows.write_snapshot_fxcache`` writes them (its ``FxCacheWriter``, ``row_unit``
+    ``snapshot`` in the meta, the 71 feature columns, the f64 price block ``mid`` / ``session`` /
+    ``contract``), with synthetic values: a half-tick mid that moves on ~30 % of the rows, the
+    CME session day of each row, one contract roll at 85 % of each quarter, random features."""
+    from fx_assets.core.snapshot_rows import SNAPSHOT_PRICE_COLUMNS
+
+    rng = np.random.default_rng(seed)
+    names = {"feature": snapshot_feature_names(), "price": list(SNAPSHOT_PRICE_COLUMNS)}
+    nf = len(names["feature"])
+    t0 = 1_641_168_000 * 10**9  # 2022-01-03 00:00 UTC
+    grid = t0 + np.arange(int(n_q * n * 1.5) + 100_000, dtype=np.int64) * SNAPSHOT_ROW_NS
+    sess_all = calendar.session_day(grid)
+    keep = sess_all >= 0
+    all_ts, all_sess = grid[keep][: n_q * n], sess_all[keep][: n_q * n]
+    assert all_ts.size == n_q * n
+    paths, starts = [], []
+    half = 2 * 5000.0 / TICK  # the mid in half ticks
+    chunk = 1 << 18
+    for q in range(n_q):
+        ts = all_ts[q * n : (q + 1) * n]
+        step = np.where(rng.random(n) < 0.3, rng.integers(0, 2, n) * 2 - 1, 0)
+        mid_ht = half + np.cumsum(step)
+        half = float(mid_ht[-1])
+        contract = np.where(np.arange(n) < int(0.85 * n), 202200.0 + 3 * q, 202203.0 + 3 * q)
+        prices = np.stack(
+            [mid_ht * (TICK / 2), all_sess[q * n : (q + 1) * n].astype(np.float64), contract], 1
+        )
+        path = d / f"S{q}.fxcache"
+        with FxCacheWriter(
+            path,
+            names,
+            "f32",
+            bytes([64 + q]) * 32,
+            n,
+            {"synthetic": True, "row_unit": "snapshot"},
+            chunk_rows=1 << 16,
+        ) as w:
+            for a in range(0, n, chunk):
+                b = min(a + chunk, n)
+                feats = rng.standard_normal((b - a, nf), dtype=np.float32)
+                w.append(ts[a:b], {"feature": feats, "price": prices[a:b]})
+            w.finish({"rows": {"synthetic": n}})
+        paths.append(path)
+        starts.append(int(ts[0]))
+    return paths, starts
+
+
 def warm_page_cache(paths: list[Path]) -> None:
     buf = bytearray(64 << 20)
     for p in paths:
@@ -197,7 +258,9 @@ def warm_page_cache(paths: list[Path]) -> None:
                 pass
 
 
-def bench_load(paths: list[Path], dev: torch.device, reps: int) -> tuple[dict[str, Any], DeviceStore]:
+def bench_load(
+    paths: list[Path], dev: torch.device, reps: int, row_unit: str = "bar"
+) -> tuple[dict[str, Any], DeviceStore]:
     items = loader_items(paths)
     value_bytes = 0
     for p in paths:
@@ -239,7 +302,8 @@ def bench_load(paths: list[Path], dev: torch.device, reps: int) -> tuple[dict[st
         with open_fxcache(p) as fc:
             view = store.concat_view([key])
             assert np.array_equal(view.values.cpu().numpy(), np.asarray(fc.values)), key
-            assert np.array_equal(view.close.cpu().numpy(), fc.column("close")), key
+            label_price = ROW_UNIT_PRICE[row_unit]  # close, or the snapshot mid
+            assert np.array_equal(view.price(label_price).cpu().numpy(), fc.column(label_price)), key
     # the old path, for comparison: memmap -> pageable chunk copy -> pinned buffer -> device
     warm_page_cache(paths)
     old = DeviceStore(device=dev)
@@ -254,6 +318,7 @@ def bench_load(paths: list[Path], dev: torch.device, reps: int) -> tuple[dict[st
             fc.value_column_names,
             price_columns=fc.group_names("price"),
             prices=np.array(fc.prices[:, : fc.header.n_price]),
+            row_unit=row_unit,
         )
     sync()
     t_old = time.perf_counter() - t0
@@ -308,22 +373,32 @@ def h2d_leg_isolated(store: DeviceStore, value_bytes: int, dev: torch.device) ->
     }
 
 
-def make_fold(store: DeviceStore, keys: list[str], starts: list[int]) -> tuple[Any, Any]:
-    """The asset's view and fold range (``fold_ranges`` computes the range from the timestamps)."""
+def make_fold(
+    store: DeviceStore, keys: list[str], starts: list[int], row_unit: str = "bar"
+) -> tuple[Any, Any]:
+    """The asset's view and fold range (``fold_ranges`` computes the range from the timestamps;
+    snapshot rows: the purge is the snapshot labels' reach at the default trainer config)."""
     view = store.concat_view(keys)
     fcfg = FoldConfig(train_quarters=len(keys) - 1, purge_bars=31, warmup_bars=0)
     qstarts = [starts[store.keys().index(k)] for k in keys]
+    if row_unit == "snapshot":
+        reach = TrainConfig(trainer="mlp", row_unit="snapshot").purge_bars
+        return view, fold_range(
+            view.ts, qstarts, len(keys) - 1, fcfg, label_horizon=reach, name=keys[-1], row_unit="snapshot"
+        )
     return view, fold_range(view.ts, qstarts, len(keys) - 1, fcfg, name=keys[-1])
 
 
-def bench_transition(store: DeviceStore, starts: list[int], reps: int, out_dir: Path) -> dict[str, Any]:
+def bench_transition(
+    store: DeviceStore, starts: list[int], reps: int, out_dir: Path, row_unit: str = "bar"
+) -> dict[str, Any]:
     keys = store.keys()[:3]
     sync()
     t0 = time.perf_counter()
-    view, fr = make_fold(store, keys, starts)
+    view, fr = make_fold(store, keys, starts, row_unit)
     sync()
     t_concat = time.perf_counter() - t0
-    cfg = TrainConfig(trainer="mlp")
+    cfg = TrainConfig(trainer="mlp", row_unit=row_unit)
     # what the asset does before its first fold: build the kernels on a small fold of the view
     # (Triton kernel build or disk-cache load), reported apart
     from fx_assets.core.trainers.transition import warm_up
@@ -344,7 +419,7 @@ def bench_transition(store: DeviceStore, starts: list[int], reps: int, out_dir: 
         store._views.clear()
         sync()
         t0 = time.perf_counter()
-        v2, fr2 = make_fold(store, keys, starts)
+        v2, fr2 = make_fold(store, keys, starts, row_unit)
         fold_transition(v2, fr2, cfg)
         sync()
         new_fold.append(time.perf_counter() - t0)
@@ -414,7 +489,8 @@ def bench_transition(store: DeviceStore, starts: list[int], reps: int, out_dir: 
             fold_transition(view, fr, cfg)
             sync()
         prof_table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-        (out_dir / "gpu_h200_fold_transition_profile.txt").write_text(prof_table)
+        suffix = "" if row_unit == "bar" else f"_{row_unit}"
+        (out_dir / f"gpu_h200_fold_transition_profile{suffix}.txt").write_text(prof_table)
     return {
         "train_rows": n_tr,
         "val_rows": fr.val_end - fr.val_start,
@@ -453,23 +529,29 @@ DQN = dict(
 )
 
 
-def bench_epochs(store: DeviceStore, starts: list[int], n_q: int, tmp: Path) -> dict[str, Any]:
+def bench_epochs(
+    store: DeviceStore, starts: list[int], n_q: int, tmp: Path, row_unit: str = "bar"
+) -> dict[str, Any]:
     keys = store.keys()[:n_q]
-    view, fr = make_fold(store, keys, starts)
-    fold = fold_transition(view, fr, TrainConfig(**MLP))
+    view, fr = make_fold(store, keys, starts, row_unit)
+    fold = fold_transition(view, fr, TrainConfig(**MLP, row_unit=row_unit))
     out: dict[str, Any] = {"train_rows": fr.train_end - fr.train_start, "val_rows": fr.val_end - fr.val_start}
-    mcfg = TrainConfig(**MLP, epochs=3, max_steps_per_epoch=488)
+    mcfg = TrainConfig(**MLP, epochs=3, max_steps_per_epoch=488, row_unit=row_unit)
     r = train_mlp(fold, mcfg, tmp / "mlp", keys)
     out["mlp_steps_per_epoch"] = 488
     out["mlp_train_s"] = [h["train_seconds"] for h in r.history]
+    # samples fitted per second of training (488 updates of batch_size rows), every epoch
+    out["mlp_rows_per_s"] = [488 * mcfg.batch_size / h["train_seconds"] for h in r.history]
     out["mlp_cuda_graph"] = json.loads(r.sidecar_path.read_text()).get("cuda_graph")
     out["mlp_epoch_s_incl_eval"] = [h["epoch_seconds"] for h in r.history]
-    dcfg = TrainConfig(**DQN, epochs=3, max_steps_per_epoch=488)
+    dcfg = TrainConfig(**DQN, epochs=3, max_steps_per_epoch=488, row_unit=row_unit)
     r = train_dqn(fold, dcfg, tmp / "dqn", keys)
     side = json.loads(r.sidecar_path.read_text())
     out["dqn_updates_per_epoch"] = 488
     out["dqn_cuda_graph"] = side.get("cuda_graph")
     out["dqn_train_s"] = [h["train_seconds"] for h in r.history]
+    # replayed transitions per second of training (488 updates of batch_size), every epoch
+    out["dqn_rows_per_s"] = [488 * dcfg.batch_size / h["train_seconds"] for h in r.history]
     out["dqn_epoch_s_incl_eval"] = [h["epoch_seconds"] for h in r.history]
     os.environ["FX_CUDA_GRAPHS"] = "0"
     try:
@@ -484,23 +566,28 @@ def bench_epochs(store: DeviceStore, starts: list[int], n_q: int, tmp: Path) -> 
     return out
 
 
-def bench_folds(store: DeviceStore, starts: list[int], n_q: int, tmp: Path, epochs: int) -> dict[str, Any]:
+def bench_folds(
+    store: DeviceStore, starts: list[int], n_q: int, tmp: Path, epochs: int, row_unit: str = "bar"
+) -> dict[str, Any]:
     folds = []
     totals = {"mlp": 0.0, "dqn": 0.0, "transition": 0.0}
     t_all = time.perf_counter()
     for v in range(n_q - 3, n_q):
         keys = store.keys()[v - 2 : v + 1]
         t0 = time.perf_counter()
-        view, fr = make_fold(store, keys, starts)
-        fold = fold_transition(view, fr, TrainConfig(**MLP))
+        view, fr = make_fold(store, keys, starts, row_unit)
+        fold = fold_transition(view, fr, TrainConfig(**MLP, row_unit=row_unit))
         sync()
         t_tr = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rm = train_mlp(fold, TrainConfig(**MLP, epochs=epochs), tmp / f"f{v}_mlp", keys)
+        rm = train_mlp(fold, TrainConfig(**MLP, epochs=epochs, row_unit=row_unit), tmp / f"f{v}_mlp", keys)
         t_mlp = time.perf_counter() - t0
         t0 = time.perf_counter()
         rd = train_dqn(
-            fold, TrainConfig(**DQN, epochs=epochs, max_steps_per_epoch=488), tmp / f"f{v}_dqn", keys
+            fold,
+            TrainConfig(**DQN, epochs=epochs, max_steps_per_epoch=488, row_unit=row_unit),
+            tmp / f"f{v}_dqn",
+            keys,
         )
         t_dqn = time.perf_counter() - t0
         totals["mlp"] += t_mlp
@@ -550,6 +637,13 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="folder for the fxcache files (default: a temp dir)")
     ap.add_argument("--out", default="benchmarks/results/gpu_h200.json")
     ap.add_argument("--skip", default="", help="comma list of: epochs,folds")
+    ap.add_argument(
+        "--row-unit",
+        choices=("bar", "snapshot"),
+        default="bar",
+        help="bar: bar-shaped files (35 + 36 OFI columns, 7 prices); snapshot: snapshot-row files "
+        "(71 feature columns, mid/session/contract), trained with row_unit snapshot",
+    )
     a = ap.parse_args()
     dev = (
         torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -566,8 +660,12 @@ def main() -> None:
             "scale": a.scale,
             "quarters": a.quarters,
             "rows_per_quarter": n,
+            "row_unit": a.row_unit,
             "row_width": 72,
-            "columns": f"{N_FEATURE} features + {N_OFI} OFI f32 padded to 72; {len(PRICE_COLS)} f64 prices padded to 8",
+            "columns": f"{N_FEATURE} features + {N_OFI} OFI f32 padded to 72; {len(PRICE_COLS)} f64 prices padded to 8"
+            if a.row_unit == "bar"
+            else f"{len(snapshot_feature_names())} snapshot features f32 padded to 72; mid, session, contract "
+            "f64 padded to 8",
             "data": "scale-1 fxcache shape, synthetic values (tick-grid random-walk prices, one roll per "
             "quarter, bar closes inside sessions, random features)",
             "mlp": MLP,
@@ -581,12 +679,13 @@ def main() -> None:
     data = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="fxbench_"))
     data.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    paths, starts = write_quarters(data, a.quarters, n, seed=0)
+    writer = write_quarters if a.row_unit == "bar" else write_snapshot_quarters
+    paths, starts = writer(data, a.quarters, n, seed=0)
     res["write_fxcache_s"] = time.perf_counter() - t0
     print(f"wrote {len(paths)} files in {res['write_fxcache_s']:.1f}s", flush=True)
-    res["load"], store = bench_load(paths, dev, a.reps)
+    res["load"], store = bench_load(paths, dev, a.reps, a.row_unit)
     print("load", {k: v for k, v in res["load"].items() if k != "runs"}, flush=True)
-    res["fold_transition"] = bench_transition(store, starts, 30, out_path.parent)
+    res["fold_transition"] = bench_transition(store, starts, 30, out_path.parent, a.row_unit)
     print("transition", res["fold_transition"], flush=True)
     res["checksum_verify"] = measure_verify(paths[0])
     print("verify", res["checksum_verify"], flush=True)
@@ -594,11 +693,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fxbench_ckpt_"))
     skip = set(filter(None, a.skip.split(",")))
     if "epochs" not in skip:
-        res["epochs"] = bench_epochs(store, starts, a.quarters, tmp)
+        res["epochs"] = bench_epochs(store, starts, a.quarters, tmp, a.row_unit)
         print("epochs", res["epochs"], flush=True)
         out_path.write_text(json.dumps(res, indent=2, default=str))
     if "folds" not in skip:
-        res["walk_forward"] = bench_folds(store, starts, a.quarters, tmp, a.epochs)
+        res["walk_forward"] = bench_folds(store, starts, a.quarters, tmp, a.epochs, a.row_unit)
         print("walk_forward", res["walk_forward"], flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     if not a.data:
@@ -621,6 +720,9 @@ def main() -> None:
         # the slowest epoch, the first (3 eager warm-up iterations + graph capture) included
         figs["dqn_epoch_train_s"] = max(res["epochs"]["dqn_train_s"])
         figs["mlp_epoch_train_s"] = max(res["epochs"]["mlp_train_s"])
+        # training throughput after the first (warm-up + graph capture) epoch
+        figs["mlp_train_rows_per_s"] = statistics.median(res["epochs"]["mlp_rows_per_s"][1:])
+        figs["dqn_train_rows_per_s"] = statistics.median(res["epochs"]["dqn_rows_per_s"][1:])
     if "walk_forward" in res:
         figs["walk_forward_3x10_s"] = res["walk_forward"]["total_s"]
     res["figures"] = figs

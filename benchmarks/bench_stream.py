@@ -19,6 +19,15 @@ Figures (each a {min, median, max, rounds} over epochs or repeated passes):
   streamed and resident, the GPU-wait share = (compute stream's waits on copies, CUDA events) /
   training seconds, and the slowdown share ``1 - resident / streamed`` seconds.
 
+``--row-unit snapshot`` writes snapshot-row files instead (``bench_gpu.write_snapshot_quarters``:
+the shape ``snapshot_rows.write_snapshot_fxcache`` writes, 71 feature columns padded to 72 and
+the f64 ``mid`` / ``session`` / ``contract`` block padded to 8, ``row_unit`` ``snapshot`` in the
+meta) and trains with ``row_unit="snapshot"`` at the default snapshot label config (labels from
+``snapshot_labels`` of the exact mid; the purge is their reach).
+
+The result file is rewritten after each phase and each training row, so a run cut off at its
+time limit still leaves what it measured.
+
 Run on the H200: ``python3 -m benchmarks.bench_stream --out $OUT/stream_h200.json``.
 """
 
@@ -26,22 +35,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from benchmarks.bench_gpu import loader_items, loader_store, machine, warm_page_cache, write_quarters
+from benchmarks.bench_gpu import (
+    loader_items,
+    loader_store,
+    machine,
+    warm_page_cache,
+    write_quarters,
+    write_snapshot_quarters,
+)
 from benchmarks.common import rounds_summary
 from fx_assets.core.fold_stream import StreamedRows
 from fx_assets.core.folds import FoldConfig, fold_range
-from fx_assets.core.fxcache import open_fxcache
+from fx_assets.core.fxcache import open_fxcache, read_header
+from fx_assets.core.ofi import OfiConfig
 from fx_assets.core.trainers import TrainConfig, fold_transition, train_dqn, train_mlp
 from fx_assets.core.trainers.rows import ResidentRows
 
@@ -86,7 +105,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2_000_000, help="rows per quarter")
     ap.add_argument("--block-rows", type=int, default=1 << 20)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--batches", default="1024,8192")
+    ap.add_argument("--batches", default="8192,1024")
+    ap.add_argument("--trainers", default="mlp,dqn")
+    ap.add_argument("--row-unit", choices=("bar", "snapshot"), default="bar")
     ap.add_argument("--dqn-steps", type=int, default=400)
     ap.add_argument("--data", default=None)
     ap.add_argument("--out", default="benchmarks/results/stream_h200.json")
@@ -94,30 +115,60 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tmp = Path(args.data or tempfile.mkdtemp(prefix="fxstream_"))
     tmp.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"machine": machine(), "device": str(dev), "config": vars(args)}
+    out: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.bench_stream", *sys.argv[1:]]),
+        "machine": machine(),
+        "device": str(dev),
+        "config": vars(args),
+        "load_avg_before": os.getloadavg(),
+        "commit": _commit(),
+    }
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every phase: a run cut off still leaves what it measured
+        out_path.write_text(json.dumps(out, indent=2, default=str))
+
     t0 = time.perf_counter()
-    paths, starts = write_quarters(tmp, args.quarters, args.rows, seed=7)
+    writer = write_quarters if args.row_unit == "bar" else write_snapshot_quarters
+    paths, starts = writer(tmp, args.quarters, args.rows, seed=7)
     out["write_fxcache_s"] = time.perf_counter() - t0
     warm_page_cache(paths)  # the files come from the page cache, as after the fxcache stage
     ts = np.concatenate(
         [np.array(open_fxcache(p, verify_finite=False, verify_checksums=False).ts) for p in paths]
     )
+    # the trainer config the asset would pass (row unit from the pipeline), blocks as streamed
+    base = TrainConfig(trainer="mlp", block_rows=args.block_rows, row_unit=args.row_unit)
     fcfg = FoldConfig(train_quarters=args.quarters - 1, purge_bars=31, warmup_bars=0)
-    fr = fold_range(ts, starts, args.quarters - 1, fcfg, label_horizon=31, name="bench")
+    if args.row_unit == "snapshot":  # the purge is the snapshot labels' reach in rows
+        fr = fold_range(
+            ts,
+            starts,
+            args.quarters - 1,
+            fcfg,
+            label_horizon=base.purge_bars,
+            name="bench",
+            row_unit="snapshot",
+        )
+    else:
+        fr = fold_range(ts, starts, args.quarters - 1, fcfg, label_horizon=31, name="bench")
     keys = [k for k, _ in loader_items(paths)]
+    tick = OfiConfig().tick_size  # what ResidentQuarters.streamed passes (the instrument tick)
     out["fold"] = {"train": [fr.train_start, fr.train_end], "val": [fr.val_start, fr.val_end]}
-    bpr = 72 * 4 + 8 * 8
+    h0 = read_header(paths[0])
+    bpr = int(h0.row_width) * int(h0.itemsize) + int(h0.price_width) * 8
+    out["row_bytes"] = bpr
     out["fold_bytes_on_disk"] = len(ts) * bpr
+    save()
 
     # 1. the statistics pass (what the asset's fold switch does for a streamed fold), repeated
-    base = TrainConfig(trainer="mlp", block_rows=args.block_rows)
     prep, st = [], None
     for _ in range(3):
         if st is not None:
             st.close()
         _sync()
         t = time.perf_counter()
-        st = StreamedRows(paths, fr, base, block_rows=args.block_rows, device=dev, keys=keys)
+        st = StreamedRows(paths, fr, base, block_rows=args.block_rows, device=dev, keys=keys, price_tick=tick)
         _sync()
         prep.append(time.perf_counter() - t)
     assert st is not None
@@ -130,11 +181,14 @@ def main() -> None:
     }
     # the same without re-hashing the files at open (the checksum pass is the open's, not streaming)
     t = time.perf_counter()
-    st2 = StreamedRows(paths, fr, base, block_rows=args.block_rows, device=dev, keys=keys, verify=False)
+    st2 = StreamedRows(
+        paths, fr, base, block_rows=args.block_rows, device=dev, keys=keys, verify=False, price_tick=tick
+    )
     _sync()
     out["stats_pass"]["seconds_without_open_verify"] = time.perf_counter() - t
     out["stats_pass"]["prep_seconds_streaming_only"] = st2.stream_stats.prep_seconds
     st2.close()
+    save()
 
     # 2. a bare pass over the training blocks
     bare = []
@@ -152,6 +206,7 @@ def main() -> None:
         "rows_per_s": st.n_train / min(s for s, _ in bare),
         "figures_best": min(bare, key=lambda x: x[0])[1],
     }
+    save()
 
     # 3. resident reference fold (same files, same blocks)
     store = loader_store(dev)
@@ -169,7 +224,8 @@ def main() -> None:
     # the streamed blocks against the resident fold's, element by element (on CUDA the resident
     # inputs come from the Triton normalise kernel, the streamed ones from torch.addcmul)
     diff = {"x_mismatch": 0, "x_max_abs": 0.0, "y_mismatch": 0, "r1_mismatch": 0, "elements": 0}
-    for part, n in (("train", st.n_train), ("val", st.n_val)):
+    parts: tuple[tuple[Literal["train", "val"], int], ...] = (("train", st.n_train), ("val", st.n_val))
+    for part, n in parts:
         for a, b in zip(st.block_list(part, 0, n), res_rows.block_list(part, 0, n), strict=True):
             assert a.x is not None and b.x is not None
             diff["x_mismatch"] += int((a.x != b.x).sum())
@@ -179,9 +235,11 @@ def main() -> None:
                 u, v = getattr(a, k), getattr(b, k)
                 diff[f"{k}_mismatch"] += int(((u != v) & ~(u.isnan() & v.isnan())).sum())
     out["blocks_vs_resident"] = diff
+    save()
 
-    runs = []
-    for trainer in ("mlp", "dqn"):
+    runs: list[dict[str, Any]] = []
+    out["training"] = runs
+    for trainer in args.trainers.split(","):
         for bs in [int(b) for b in args.batches.split(",")]:
             upd: dict[str, Any] = {
                 "trainer": trainer,
@@ -224,10 +282,10 @@ def main() -> None:
             sr, rr = row["streamed"]["train_seconds"]["median"], row["resident"]["train_seconds"]["median"]
             row["slowdown_share"] = 1 - rr / sr if sr > 0 else None
             runs.append(row)
+            save()
             print(json.dumps({k: row[k] for k in ("trainer", "batch_size", "slowdown_share")}), flush=True)
-    out["training"] = runs
     st.close()
-    out["commit"] = _commit()
+    out["load_avg_after"] = os.getloadavg()
     out["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out["how"] = (
         "benchmarks/bench_stream.py: the fold of the last of --quarters synthetic scale-1-shape fxcache "
@@ -239,8 +297,7 @@ def main() -> None:
     )
     if not args.data:
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    save()
     print(
         json.dumps(
             {k: out[k] for k in ("stats_pass", "read_only", "stats_vs_resident", "blocks_vs_resident")},

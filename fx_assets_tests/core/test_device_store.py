@@ -341,6 +341,37 @@ def test_add_fxcache_checks_values_and_prices(tmp_path: Path) -> None:
     assert store.keys() == ["Q"]
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ],
+)
+def test_a_changed_byte_in_any_chunk_fails_the_threaded_upload(tmp_path: Path, device: str) -> None:
+    """Chunks are copied before their hash completes (the hash overlaps the copy): a changed
+    byte in any chunk of any file, first, middle or last, still fails the call, and nothing
+    is registered."""
+    paths = [_write_cache(tmp_path / f"q{i}.fxcache", *_quarter(i), "f32") for i in range(3)]
+    h = fxcache.read_header(paths[1])
+    row = h.row_width * 4
+    for bar in (0, N // 2, N - 1):
+        raw = bytearray(paths[1].read_bytes())
+        raw[h.values_offset + bar * row + 5] ^= 0x10
+        bad = tmp_path / "bad.fxcache"
+        bad.write_bytes(bytes(raw))
+        store = DeviceStore(device=device, staging_bytes=3 * row, io_threads=4, price_tick=0.25)
+        items = [("Q0", paths[0]), ("B", bad), ("Q2", paths[2])]
+        with pytest.raises(FxCacheError, match="checksum mismatch in the values block"):
+            store.add_fxcaches(items)
+        assert store.keys() == [] and store.stats()["chunks"] == 0
+    store.add_fxcaches([(f"Q{i}", p) for i, p in enumerate(paths)])  # the pool is reusable after
+    assert store.keys() == ["Q0", "Q1", "Q2"] and store.stats()["chunks"] > 3 * N // 3
+
+
 def test_prices_coarser_than_the_tick_are_refused() -> None:
     """The pattern the bf16 loader once built: bf16-decoded prices handed over as exact ones."""
     ts, v = _quarter(2)
