@@ -198,11 +198,13 @@ def _roll_ratio(o, c, inst, j):
 # steps of several bars start at the same bars (counted from the last roll) in any series
 # that shares the prefix: a value never depends on where the series ends.
 _BLOCK = 512
-# Bars per block of the Wilder ATR / RSI kernels, which make several passes over a block
-# (_wilder_tr_starts, _rsi_starts) and keep it in L1; short, so that the out-of-order core
-# overlaps part of one block's serial recursion with the vector passes around it. A multiple
-# of 4: the steps start where they would with _BLOCK, so the values do not depend on it.
-_WILDER_BLOCK = 128
+# Bars per block of the ATR kernel's software-pipelined runs (see _natr_run): short, so that
+# the out-of-order core holds one block's output pass and the next block's serial recursion
+# at once, yet long enough to amortise the per-block set-up; and of the RSI kernel's passes
+# (_rsi_run). Both the best lengths measured on the ES bars, and multiples of 4: the steps
+# start where they would with _BLOCK, so the values do not depend on them.
+_WILDER_BLOCK = 48
+_RSI_BLOCK = 128
 
 
 @njit(cache=True)
@@ -227,17 +229,18 @@ def _next_roll(inst, j):
 
 
 @njit(cache=True)
-def _step_powers(a, k):
-    """a, a^2, .., a^k repeated over a block (bar p of a k-bar step is a^(p % k + 1)), each
-    power formed as in the steps' own code (a^2 = a a, a^3 = a^2 a, a^4 = a^2 a^2)."""
+def _step_powers(a, k, length):
+    """a, a^2, .., a^k repeated over a block of ``length`` bars (bar p of a k-bar step is
+    a^(p % k + 1)), each power formed as in the steps' own code (a^2 = a a, a^3 = a^2 a,
+    a^4 = a^2 a^2)."""
     a2 = a * a
     pw = np.empty(4, np.float64)
     pw[0] = a
     pw[1] = a2
     pw[2] = a2 * a
     pw[3] = a2 * a2
-    out = np.empty(_WILDER_BLOCK, np.float64)
-    for p in range(_WILDER_BLOCK):
+    out = np.empty(length, np.float64)
+    for p in range(length):
         out[p] = pw[p % k]
     return out
 
@@ -271,18 +274,17 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
         natr[n] = 100.0 * s / c[n]
     a = (n - 1) / n
     b = 1.0 / n
-    apw = _step_powers(a, 4)
-    w = np.empty(_WILDER_BLOCK, np.float64)
-    sb = np.empty(_WILDER_BLOCK, np.float64)
+    apw = _step_powers(a, 4, _WILDER_BLOCK)
+    w = np.empty(2 * _WILDER_BLOCK, np.float64)
+    sb = np.empty(2 * _WILDER_BLOCK, np.float64)
+    pct = natr if want_n else np.empty(nb, np.float64)  # ATR alone: NATR to scratch
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
-        if want_a and want_n:
-            s = _atr_natr_run(h, lo, c, j, e, s, a, b, apw, w, sb, atr, natr)
+        if want_a:
+            s = _atr_natr_run(h, lo, c, j, e, s, a, b, apw, w, sb, atr, pct)
         elif want_n:
             s = _natr_run(h, lo, c, j, e, s, a, b, apw, w, sb, natr)
-        elif want_a:
-            s = _atr_run(h, lo, c, j, e, s, a, b, apw, w, sb, atr)
         if e == nb:
             break
         s *= o[e] / c[e - 1]
@@ -341,54 +343,117 @@ def _wilder_tr_starts(h, lo, pc, s, a, b, apw, w, sb):
     return s
 
 
-# The steady-state runs of the ATR kernel over bars k0..e-1 (no roll among them), one per
-# wanted output set: blocks of _WILDER_BLOCK bars, short enough that the out-of-order core
-# overlaps one block's serial recursion with the vector passes around it. The loop body has no
-# branch, so numba drops the reference counting of its slices (a branch there keeps an atomic
-# increment and decrement per slice and block, which cost more than the block's arithmetic).
+# The ATR kernel's steady-state runs over bars k0..e-1 (no roll among them) go in blocks of
+# _WILDER_BLOCK bars, software-pipelined: the loop body takes the next block's vector pass
+# (true ranges, and the steps' Horner sums), then this block's outputs (vectorised,
+# divisions included), then the next block's recursion (a serial chain of few instructions),
+# so that the out-of-order core runs this block's divisions while the chain waits on its
+# latency (blocks are short so that both fit in its window). The loop body has no branch, so
+# numba drops the reference counting of its slices (a branch there keeps an atomic increment
+# and decrement per slice and block, which costs more than the block's arithmetic). Bars after
+# the last full block take the unpipelined passes (_wilder_tr_starts), which give the same
+# values.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _tr_horner(h, lo, pc, a, b, w):
+    """True ranges of a full block (a multiple of 4 bars; pc: the previous closes), then each
+    four-bar step's Horner sums times b (U b, as in _wilder_tr_starts), into ``w``."""
+    m = h.shape[0]
+    for p in range(m):
+        w[p] = _true_range(h[p], lo[p], pc[p])
+    for p in range(0, m, 4):
+        u1 = w[p]
+        u2 = u1 * a + w[p + 1]
+        u3 = u2 * a + w[p + 2]
+        u4 = u3 * a + w[p + 3]
+        w[p] = u1 * b
+        w[p + 1] = u2 * b
+        w[p + 2] = u3 * b
+        w[p + 3] = u4 * b
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _tr_chain(w, s, a4, sb):
+    """The recursion over a full block's four-bar steps (``w`` from _tr_horner): S_{k-1} of
+    each bar's step into ``sb``; returns the last S."""
+    for p in range(0, w.shape[0], 4):
+        sb[p] = s
+        sb[p + 1] = s
+        sb[p + 2] = s
+        sb[p + 3] = s
+        s = s * a4 + w[p + 3]
+    return s
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _natr_out(sb, apw, w, cb, natr):
+    """NATR = 100 S / C of a block (S = sb apw + w, cb: the closes) into ``natr``."""
+    for p in range(cb.shape[0]):
+        natr[p] = 100.0 * (sb[p] * apw[p] + w[p]) / cb[p]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _atr_natr_out(sb, apw, w, cb, atr, natr):
+    """S into ``atr`` and NATR = 100 S / C into ``natr``, for a block."""
+    for p in range(cb.shape[0]):
+        x = sb[p] * apw[p] + w[p]
+        atr[p] = x
+        natr[p] = 100.0 * x / cb[p]
 
 
 @njit(cache=True, error_model="numpy")
 def _natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, natr):
-    """NATR = 100 S / C of bars k0..e-1 into ``natr``; returns the last S."""
-    while k0 < e:
-        k1 = min(k0 + _WILDER_BLOCK, e)
-        s = _wilder_tr_starts(h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], s, a, b, apw, w, sb)
-        cb = c[k0:k1]
-        out = natr[k0:k1]
-        for p in range(k1 - k0):
-            out[p] = 100.0 * (sb[p] * apw[p] + w[p]) / cb[p]
-        k0 = k1
+    """NATR = 100 S / C of bars k0..e-1 into ``natr`` (``w``, ``sb``: scratch of two blocks);
+    returns the last S."""
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    nfull = (e - k0) // m
+    if nfull > 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        for i in range(nfull - 1):
+            u = (i & 1) * m  # this block's half of the scratch; the next block's is v
+            v = m - u
+            q = k0 + m
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+        u = ((nfull - 1) & 1) * m
+        _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0 : k0 + m], natr[k0 : k0 + m])
+        k0 += m
+    if k0 < e:
+        s = _wilder_tr_starts(h[k0:e], lo[k0:e], c[k0 - 1 : e - 1], s, a, b, apw, w, sb)
+        _natr_out(sb, apw, w, c[k0:e], natr[k0:e])
     return s
 
 
 @njit(cache=True, error_model="numpy")
 def _atr_natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr):
-    """ATR S into ``atr`` and NATR = 100 S / C into ``natr``, bars k0..e-1; returns the last S."""
-    while k0 < e:
-        k1 = min(k0 + _WILDER_BLOCK, e)
-        s = _wilder_tr_starts(h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], s, a, b, apw, w, sb)
-        cb = c[k0:k1]
-        raw = atr[k0:k1]
-        out = natr[k0:k1]
-        for p in range(k1 - k0):
-            x = sb[p] * apw[p] + w[p]
-            raw[p] = x
-            out[p] = 100.0 * x / cb[p]
-        k0 = k1
-    return s
-
-
-@njit(cache=True, error_model="numpy")
-def _atr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, atr):
-    """ATR S of bars k0..e-1 into ``atr``; returns the last S."""
-    while k0 < e:
-        k1 = min(k0 + _WILDER_BLOCK, e)
-        s = _wilder_tr_starts(h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], s, a, b, apw, w, sb)
-        raw = atr[k0:k1]
-        for p in range(k1 - k0):
-            raw[p] = sb[p] * apw[p] + w[p]
-        k0 = k1
+    """ATR S into ``atr`` and NATR = 100 S / C into ``natr``, bars k0..e-1 (as _natr_run);
+    returns the last S."""
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    nfull = (e - k0) // m
+    if nfull > 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        for i in range(nfull - 1):
+            u = (i & 1) * m
+            v = m - u
+            q = k0 + m
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+        u = ((nfull - 1) & 1) * m
+        q = k0 + m
+        _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+        k0 = q
+    if k0 < e:
+        s = _wilder_tr_starts(h[k0:e], lo[k0:e], c[k0 - 1 : e - 1], s, a, b, apw, w, sb)
+        _atr_natr_out(sb, apw, w, c[k0:e], atr[k0:e], natr[k0:e])
     return s
 
 
@@ -508,8 +573,8 @@ def _rsi_nb(o, c, inst, n):
     out[n] = 100.0 * g / tot if tot > 0.0 else 50.0
     a = (n - 1) / n
     b = 1.0 / n
-    apw = _step_powers(a, 2)
-    scratch = np.empty((4, _WILDER_BLOCK), np.float64)
+    apw = _step_powers(a, 2, _RSI_BLOCK)
+    scratch = np.empty((4, _RSI_BLOCK), np.float64)
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
@@ -576,15 +641,15 @@ def _rsi_starts(c, pc, g, lo, a, b, apw, wg, wl, gb, lb):
 
 @njit(cache=True, error_model="numpy")
 def _rsi_run(c, k0, e, g, lo, a, b, apw, scratch, out):
-    """RSI of bars k0..e-1 (no roll among them) into ``out``, blocks of _WILDER_BLOCK bars (as
-    _natr_run, whose notes apply); ``scratch``: 4 rows of _WILDER_BLOCK. Returns the last
-    G, L."""
+    """RSI of bars k0..e-1 (no roll among them) into ``out``, blocks of _RSI_BLOCK bars in turn
+    (pipelined as _natr_run, it measured slower: the step loop of two recursions is the
+    bottleneck either way); ``scratch``: 4 rows of _RSI_BLOCK. Returns the last G, L."""
     wg = scratch[0]
     wl = scratch[1]
     gb = scratch[2]
     lb = scratch[3]
     while k0 < e:
-        k1 = min(k0 + _WILDER_BLOCK, e)
+        k1 = min(k0 + _RSI_BLOCK, e)
         g, lo = _rsi_starts(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, apw, wg, wl, gb, lb)
         r = out[k0:k1]
         for p in range(k1 - k0):
