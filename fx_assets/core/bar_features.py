@@ -198,7 +198,7 @@ def _roll_ratio(o, c, inst, j):
 # steps of several bars start at the same bars (counted from the last roll) in any series
 # that shares the prefix: a value never depends on where the series ends.
 _BLOCK = 512
-# Bars per block of the ATR kernel's software-pipelined runs (see _natr_run): short, so that
+# Bars per block of the ATR kernel's software-pipelined runs (see _natr_span): short, so that
 # the out-of-order core holds one block's output pass and the next block's serial recursion
 # at once, yet long enough to amortise the per-block set-up; and of the RSI kernel's passes
 # (_rsi_run). Both the best lengths measured on the ES bars, and multiples of 4: the steps
@@ -257,7 +257,7 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
             atr[j] = np.nan
         if want_n:
             natr[j] = np.nan
-    if nb <= n:
+    if nb <= n or not (want_a or want_n):
         return
     s = 0.0
     for j in range(1, n + 1):
@@ -280,11 +280,10 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     pct = natr if want_n else np.empty(nb, np.float64)  # ATR alone: NATR to scratch
     j = n + 1
     while j < nb:
-        e = _next_roll(inst, j)
         if want_a:
-            s = _atr_natr_run(h, lo, c, j, e, s, a, b, apw, w, sb, atr, pct)
-        elif want_n:
-            s = _natr_run(h, lo, c, j, e, s, a, b, apw, w, sb, natr)
+            s, e = _atr_natr_run(h, lo, c, inst, j, s, a, b, apw, w, sb, atr, pct)
+        else:
+            s, e = _natr_run(h, lo, c, inst, j, s, a, b, apw, w, sb, natr)
         if e == nb:
             break
         s *= o[e] / c[e - 1]
@@ -343,7 +342,7 @@ def _wilder_tr_starts(h, lo, pc, s, a, b, apw, w, sb):
     return s
 
 
-# The ATR kernel's steady-state runs over bars k0..e-1 (no roll among them) go in blocks of
+# The ATR kernel's steady-state spans over bars k0..e-1 (no roll among them) go in blocks of
 # _WILDER_BLOCK bars, software-pipelined: the loop body takes the next block's vector pass
 # (true ranges, and the steps' Horner sums), then this block's outputs (vectorised,
 # divisions included), then the next block's recursion (a serial chain of few instructions),
@@ -403,7 +402,7 @@ def _atr_natr_out(sb, apw, w, cb, atr, natr):
 
 
 @njit(cache=True, error_model="numpy")
-def _natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, natr):
+def _natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, natr):
     """NATR = 100 S / C of bars k0..e-1 into ``natr`` (``w``, ``sb``: scratch of two blocks);
     returns the last S."""
     m = _WILDER_BLOCK
@@ -430,8 +429,8 @@ def _natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, natr):
 
 
 @njit(cache=True, error_model="numpy")
-def _atr_natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr):
-    """ATR S into ``atr`` and NATR = 100 S / C into ``natr``, bars k0..e-1 (as _natr_run);
+def _atr_natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr):
+    """ATR S into ``atr`` and NATR = 100 S / C into ``natr``, bars k0..e-1 (as _natr_span);
     returns the last S."""
     m = _WILDER_BLOCK
     a4 = apw[3]
@@ -455,6 +454,81 @@ def _atr_natr_run(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr):
         s = _wilder_tr_starts(h[k0:e], lo[k0:e], c[k0 - 1 : e - 1], s, a, b, apw, w, sb)
         _atr_natr_out(sb, apw, w, c[k0:e], atr[k0:e], natr[k0:e])
     return s
+
+
+@njit(cache=True, inline="always")
+def _changes(cur, prev):
+    """How many bars of a block have another instrument id than the bar before (vectorised)."""
+    k = 0
+    for i in range(cur.shape[0]):
+        k += cur[i] != prev[i]
+    return k
+
+
+# The runs below go from bar k0 up to the next roll bar e (or the end) and return (S, e): they
+# look for the roll one block ahead, inside the pipelined loop (so the instrument ids are read
+# along with the prices, not in a pass of their own), and hand the block that holds it to
+# _next_roll and the span.
+
+
+@njit(cache=True, error_model="numpy")
+def _natr_run(h, lo, c, inst, k0, s, a, b, apw, w, sb, natr):
+    """NATR = 100 S / C from bar k0 to the next roll bar e into ``natr``; returns (S, e)."""
+    nb = c.shape[0]
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    if k0 + m <= nb and _changes(inst[k0 : k0 + m], inst[k0 - 1 : k0 + m - 1]) == 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        i = 0
+        while True:
+            q = k0 + m
+            if q + m > nb or _changes(inst[q : q + m], inst[q - 1 : q + m - 1]) != 0:
+                break
+            u = (i & 1) * m  # this block's half of the scratch; the next block's is v
+            v = m - u
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+            i += 1
+        u = (i & 1) * m
+        _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0 : k0 + m], natr[k0 : k0 + m])
+        k0 += m
+    e = _next_roll(inst, k0)
+    s = _natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, natr)
+    return s, e
+
+
+@njit(cache=True, error_model="numpy")
+def _atr_natr_run(h, lo, c, inst, k0, s, a, b, apw, w, sb, atr, natr):
+    """ATR S into ``atr`` and NATR = 100 S / C into ``natr`` from bar k0 to the next roll bar
+    e (as _natr_run); returns (S, e)."""
+    nb = c.shape[0]
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    if k0 + m <= nb and _changes(inst[k0 : k0 + m], inst[k0 - 1 : k0 + m - 1]) == 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        i = 0
+        while True:
+            q = k0 + m
+            if q + m > nb or _changes(inst[q : q + m], inst[q - 1 : q + m - 1]) != 0:
+                break
+            u = (i & 1) * m
+            v = m - u
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+            i += 1
+        u = (i & 1) * m
+        q = k0 + m
+        _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+        k0 = q
+    e = _next_roll(inst, k0)
+    s = _atr_natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr)
+    return s, e
 
 
 @njit(cache=True, inline="always")
@@ -642,7 +716,7 @@ def _rsi_starts(c, pc, g, lo, a, b, apw, wg, wl, gb, lb):
 @njit(cache=True, error_model="numpy")
 def _rsi_run(c, k0, e, g, lo, a, b, apw, scratch, out):
     """RSI of bars k0..e-1 (no roll among them) into ``out``, blocks of _RSI_BLOCK bars in turn
-    (pipelined as _natr_run, it measured slower: the step loop of two recursions is the
+    (pipelined as _natr_span, it measured slower: the step loop of two recursions is the
     bottleneck either way); ``scratch``: 4 rows of _RSI_BLOCK. Returns the last G, L."""
     wg = scratch[0]
     wl = scratch[1]
