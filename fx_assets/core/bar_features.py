@@ -198,6 +198,13 @@ def _roll_ratio(o, c, inst, j):
 # steps of several bars start at the same bars (counted from the last roll) in any series
 # that shares the prefix: a value never depends on where the series ends.
 _BLOCK = 512
+# Bars per block of the ATR kernel's software-pipelined runs (see _natr_span): short, so that
+# the out-of-order core holds one block's output pass and the next block's serial recursion
+# at once, yet long enough to amortise the per-block set-up; and of the RSI kernel's passes
+# (_rsi_run). Both the best lengths measured on the ES bars, and multiples of 4: the steps
+# start where they would with _BLOCK, so the values do not depend on them.
+_WILDER_BLOCK = 48
+_RSI_BLOCK = 128
 
 
 @njit(cache=True)
@@ -221,6 +228,23 @@ def _next_roll(inst, j):
     return nb
 
 
+@njit(cache=True)
+def _step_powers(a, k, length):
+    """a, a^2, .., a^k repeated over a block of ``length`` bars (bar p of a k-bar step is
+    a^(p % k + 1)), each power formed as in the steps' own code (a^2 = a a, a^3 = a^2 a,
+    a^4 = a^2 a^2)."""
+    a2 = a * a
+    pw = np.empty(4, np.float64)
+    pw[0] = a
+    pw[1] = a2
+    pw[2] = a2 * a
+    pw[3] = a2 * a2
+    out = np.empty(length, np.float64)
+    for p in range(length):
+        out[p] = pw[p % k]
+    return out
+
+
 @njit(cache=True, error_model="numpy")
 def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
     """Wilder ATR with TA-Lib seeding (mean of TR_1..TR_n at bar n, then (S*(n-1)+TR)/n) into
@@ -233,7 +257,7 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
             atr[j] = np.nan
         if want_n:
             natr[j] = np.nan
-    if nb <= n:
+    if nb <= n or not (want_a or want_n):
         return
     s = 0.0
     for j in range(1, n + 1):
@@ -250,20 +274,16 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
         natr[n] = 100.0 * s / c[n]
     a = (n - 1) / n
     b = 1.0 / n
-    a2 = a * a
-    # S (to atr) and NATR = 100 S / C (to natr) are written bar by bar inside the recursion's
-    # loop: the divisions are off its critical path and overlap with it
+    apw = _step_powers(a, 4, _WILDER_BLOCK)
+    w = np.empty(2 * _WILDER_BLOCK, np.float64)
+    sb = np.empty(2 * _WILDER_BLOCK, np.float64)
+    pct = natr if want_n else np.empty(nb, np.float64)  # ATR alone: NATR to scratch
     j = n + 1
     while j < nb:
-        e = _next_roll(inst, j)
-        k0 = j
-        while k0 < e:
-            k1 = min(k0 + _BLOCK, e)
-            hb, lb, pc, cb = h[k0:k1], lo[k0:k1], c[k0 - 1 : k1 - 1], c[k0:k1]
-            raw = atr[k0:k1] if want_a else atr
-            pct = natr[k0:k1] if want_n else natr
-            s = _wilder_tr_block(hb, lb, pc, cb, s, a, b, a2, raw, pct)
-            k0 = k1
+        if want_a:
+            s, e = _atr_natr_run(h, lo, c, inst, j, s, a, b, apw, w, sb, atr, pct)
+        else:
+            s, e = _natr_run(h, lo, c, inst, j, s, a, b, apw, w, sb, natr)
         if e == nb:
             break
         s *= o[e] / c[e - 1]
@@ -276,86 +296,239 @@ def _atr_into_nb(o, h, lo, c, inst, n, atr, natr):
         j = e + 1
 
 
-@njit(cache=True, error_model="numpy")
-def _wilder_tr_block(h, lo, pc, cb, s, a, b, a2, atr, natr):
-    """Wilder-smoothed true range over a block without a roll (pc: the previous closes, cb: the
-    closes), four bars per step: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a + TR_{k+2}) a
-    + TR_{k+3}) b, the three bars between from S_{k-1} likewise (off the recursion's critical
-    path). Writes S to ``atr`` and 100 S / C to ``natr`` where each has the block's length (an
-    empty one is not wanted); returns the last S. Indices run from 0 over slices (no
-    wraparound test, see _bb_pctb_nb)."""
-    a3 = a2 * a
-    a4 = a2 * a2
+@njit(cache=True, error_model="numpy", inline="always")
+def _wilder_tr_starts(h, lo, pc, s, a, b, apw, w, sb):
+    """Wilder-smoothed true range over a block without a roll (pc: the previous closes), four
+    bars per step from the block's start: S_{k+3} = S_{k-1} a^4 + (((TR_k a + TR_{k+1}) a +
+    TR_{k+2}) a + TR_{k+3}) b and the bars between from S_{k-1} likewise (S_{k+i} = S_{k-1}
+    a^(i+1) + U_{k+i} b, U the Horner sums); a partial last step is the step's first bars, so
+    a series cut there keeps every value. ``apw`` holds a, a^2, a^3, a^4 repeated (bar p's
+    power at apw[p]). Leaves U b in ``w`` and S_{k-1} of each bar's step in ``sb`` (scratch of
+    at least the block's length), so that bar p's S is sb[p] * apw[p] + w[p], the same
+    expression, hence the same bits, as in a bar-by-bar step; returns the last S.
+
+    Two passes over the block (it stays in L1): the true ranges (vectorised), then the steps:
+    the Horner sums (independent across steps) and the recursion (one multiply and one add per
+    four bars, the only loop-carried chain); the caller's output pass is vectorised too."""
     m = h.shape[0]
-    want_a = atr.shape[0] == m
-    want_n = natr.shape[0] == m
-    # one loop per wanted set (a test inside the loop keeps it from being scheduled well)
-    if want_a and want_n:
-        for i in range(m // 4):
-            p = 4 * i
-            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
-            atr[p] = x1
-            atr[p + 1] = x2
-            atr[p + 2] = x3
-            atr[p + 3] = s
-            natr[p] = 100.0 * x1 / cb[p]
-            natr[p + 1] = 100.0 * x2 / cb[p + 1]
-            natr[p + 2] = 100.0 * x3 / cb[p + 2]
-            natr[p + 3] = 100.0 * s / cb[p + 3]
-    elif want_n:
-        for i in range(m // 4):
-            p = 4 * i
-            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
-            natr[p] = 100.0 * x1 / cb[p]
-            natr[p + 1] = 100.0 * x2 / cb[p + 1]
-            natr[p + 2] = 100.0 * x3 / cb[p + 2]
-            natr[p + 3] = 100.0 * s / cb[p + 3]
-    else:
-        for i in range(m // 4):
-            p = 4 * i
-            x1, x2, x3, s = _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4)
-            if want_a:
-                atr[p] = x1
-                atr[p + 1] = x2
-                atr[p + 2] = x3
-                atr[p + 3] = s
-    r = m % 4
-    if r:  # a partial step: the same formulas (a series cut here keeps every bar's value)
-        p = m - r
-        t1 = _true_range(h[p], lo[p], pc[p])
-        s1 = s * a + t1 * b
-        _put_atr(atr, natr, cb, p, s1, want_a, want_n)
-        if r > 1:
-            u2 = t1 * a + _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-            s1 = s * a2 + u2 * b
-            _put_atr(atr, natr, cb, p + 1, s1, want_a, want_n)
-            if r > 2:
-                s1 = s * a3 + (u2 * a + _true_range(h[p + 2], lo[p + 2], pc[p + 2])) * b
-                _put_atr(atr, natr, cb, p + 2, s1, want_a, want_n)
-        s = s1
+    for p in range(m):
+        w[p] = _true_range(h[p], lo[p], pc[p])
+    m4 = m - m % 4
+    a4 = apw[3]
+    for p in range(0, m4, 4):
+        u1 = w[p]
+        u2 = u1 * a + w[p + 1]
+        u3 = u2 * a + w[p + 2]
+        u4 = u3 * a + w[p + 3]
+        w[p] = u1 * b
+        w[p + 1] = u2 * b
+        w[p + 2] = u3 * b
+        x4 = u4 * b
+        w[p + 3] = x4
+        sb[p] = s
+        sb[p + 1] = s
+        sb[p + 2] = s
+        sb[p + 3] = s
+        s = s * a4 + x4
+    if m4 < m:  # a partial step: the same sums, cut
+        u = w[m4]
+        w[m4] = u * b
+        sb[m4] = s
+        for p in range(m4 + 1, m):
+            u = u * a + w[p]
+            w[p] = u * b
+            sb[p] = s
+        s = s * apw[m - 1] + w[m - 1]
+    return s
+
+
+# The ATR kernel's steady-state spans over bars k0..e-1 (no roll among them) go in blocks of
+# _WILDER_BLOCK bars, software-pipelined: the loop body takes the next block's vector pass
+# (true ranges, and the steps' Horner sums), then this block's outputs (vectorised,
+# divisions included), then the next block's recursion (a serial chain of few instructions),
+# so that the out-of-order core runs this block's divisions while the chain waits on its
+# latency (blocks are short so that both fit in its window). The loop body has no branch, so
+# numba drops the reference counting of its slices (a branch there keeps an atomic increment
+# and decrement per slice and block, which costs more than the block's arithmetic). Bars after
+# the last full block take the unpipelined passes (_wilder_tr_starts), which give the same
+# values.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _tr_horner(h, lo, pc, a, b, w):
+    """True ranges of a full block (a multiple of 4 bars; pc: the previous closes), then each
+    four-bar step's Horner sums times b (U b, as in _wilder_tr_starts), into ``w``."""
+    m = h.shape[0]
+    for p in range(m):
+        w[p] = _true_range(h[p], lo[p], pc[p])
+    for p in range(0, m, 4):
+        u1 = w[p]
+        u2 = u1 * a + w[p + 1]
+        u3 = u2 * a + w[p + 2]
+        u4 = u3 * a + w[p + 3]
+        w[p] = u1 * b
+        w[p + 1] = u2 * b
+        w[p + 2] = u3 * b
+        w[p + 3] = u4 * b
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _tr_chain(w, s, a4, sb):
+    """The recursion over a full block's four-bar steps (``w`` from _tr_horner): S_{k-1} of
+    each bar's step into ``sb``; returns the last S."""
+    for p in range(0, w.shape[0], 4):
+        sb[p] = s
+        sb[p + 1] = s
+        sb[p + 2] = s
+        sb[p + 3] = s
+        s = s * a4 + w[p + 3]
     return s
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _wilder_tr_step(h, lo, pc, p, s, a, b, a2, a3, a4):
-    """Bars p..p+3 of the four-bar step from S_{p-1} = s: their S, the last being the new s."""
-    t1 = _true_range(h[p], lo[p], pc[p])
-    t2 = _true_range(h[p + 1], lo[p + 1], pc[p + 1])
-    t3 = _true_range(h[p + 2], lo[p + 2], pc[p + 2])
-    t4 = _true_range(h[p + 3], lo[p + 3], pc[p + 3])
-    u2 = t1 * a + t2
-    u3 = u2 * a + t3
-    u4 = u3 * a + t4
-    return s * a + t1 * b, s * a2 + u2 * b, s * a3 + u3 * b, s * a4 + u4 * b
+def _natr_out(sb, apw, w, cb, natr):
+    """NATR = 100 S / C of a block (S = sb apw + w, cb: the closes) into ``natr``."""
+    for p in range(cb.shape[0]):
+        natr[p] = 100.0 * (sb[p] * apw[p] + w[p]) / cb[p]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _put_atr(atr, natr, cb, p, s, want_a, want_n):
-    """Bar p's ATR S and NATR 100 S / C, where wanted."""
-    if want_a:
-        atr[p] = s
-    if want_n:
-        natr[p] = 100.0 * s / cb[p]
+def _atr_natr_out(sb, apw, w, cb, atr, natr):
+    """S into ``atr`` and NATR = 100 S / C into ``natr``, for a block."""
+    for p in range(cb.shape[0]):
+        x = sb[p] * apw[p] + w[p]
+        atr[p] = x
+        natr[p] = 100.0 * x / cb[p]
+
+
+@njit(cache=True, error_model="numpy")
+def _natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, natr):
+    """NATR = 100 S / C of bars k0..e-1 into ``natr`` (``w``, ``sb``: scratch of two blocks);
+    returns the last S."""
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    nfull = (e - k0) // m
+    if nfull > 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        for i in range(nfull - 1):
+            u = (i & 1) * m  # this block's half of the scratch; the next block's is v
+            v = m - u
+            q = k0 + m
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+        u = ((nfull - 1) & 1) * m
+        _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0 : k0 + m], natr[k0 : k0 + m])
+        k0 += m
+    if k0 < e:
+        s = _wilder_tr_starts(h[k0:e], lo[k0:e], c[k0 - 1 : e - 1], s, a, b, apw, w, sb)
+        _natr_out(sb, apw, w, c[k0:e], natr[k0:e])
+    return s
+
+
+@njit(cache=True, error_model="numpy")
+def _atr_natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr):
+    """ATR S into ``atr`` and NATR = 100 S / C into ``natr``, bars k0..e-1 (as _natr_span);
+    returns the last S."""
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    nfull = (e - k0) // m
+    if nfull > 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        for i in range(nfull - 1):
+            u = (i & 1) * m
+            v = m - u
+            q = k0 + m
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+        u = ((nfull - 1) & 1) * m
+        q = k0 + m
+        _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+        k0 = q
+    if k0 < e:
+        s = _wilder_tr_starts(h[k0:e], lo[k0:e], c[k0 - 1 : e - 1], s, a, b, apw, w, sb)
+        _atr_natr_out(sb, apw, w, c[k0:e], atr[k0:e], natr[k0:e])
+    return s
+
+
+@njit(cache=True, inline="always")
+def _changes(cur, prev):
+    """How many bars of a block have another instrument id than the bar before (vectorised)."""
+    k = 0
+    for i in range(cur.shape[0]):
+        k += cur[i] != prev[i]
+    return k
+
+
+# The runs below go from bar k0 up to the next roll bar e (or the end) and return (S, e): they
+# look for the roll one block ahead, inside the pipelined loop (so the instrument ids are read
+# along with the prices, not in a pass of their own), and hand the block that holds it to
+# _next_roll and the span.
+
+
+@njit(cache=True, error_model="numpy")
+def _natr_run(h, lo, c, inst, k0, s, a, b, apw, w, sb, natr):
+    """NATR = 100 S / C from bar k0 to the next roll bar e into ``natr``; returns (S, e)."""
+    nb = c.shape[0]
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    if k0 + m <= nb and _changes(inst[k0 : k0 + m], inst[k0 - 1 : k0 + m - 1]) == 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        i = 0
+        while True:
+            q = k0 + m
+            if q + m > nb or _changes(inst[q : q + m], inst[q - 1 : q + m - 1]) != 0:
+                break
+            u = (i & 1) * m  # this block's half of the scratch; the next block's is v
+            v = m - u
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+            i += 1
+        u = (i & 1) * m
+        _natr_out(sb[u : u + m], apw, w[u : u + m], c[k0 : k0 + m], natr[k0 : k0 + m])
+        k0 += m
+    e = _next_roll(inst, k0)
+    s = _natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, natr)
+    return s, e
+
+
+@njit(cache=True, error_model="numpy")
+def _atr_natr_run(h, lo, c, inst, k0, s, a, b, apw, w, sb, atr, natr):
+    """ATR S into ``atr`` and NATR = 100 S / C into ``natr`` from bar k0 to the next roll bar
+    e (as _natr_run); returns (S, e)."""
+    nb = c.shape[0]
+    m = _WILDER_BLOCK
+    a4 = apw[3]
+    if k0 + m <= nb and _changes(inst[k0 : k0 + m], inst[k0 - 1 : k0 + m - 1]) == 0:
+        _tr_horner(h[k0 : k0 + m], lo[k0 : k0 + m], c[k0 - 1 : k0 + m - 1], a, b, w[:m])
+        s = _tr_chain(w[:m], s, a4, sb[:m])
+        i = 0
+        while True:
+            q = k0 + m
+            if q + m > nb or _changes(inst[q : q + m], inst[q - 1 : q + m - 1]) != 0:
+                break
+            u = (i & 1) * m
+            v = m - u
+            _tr_horner(h[q : q + m], lo[q : q + m], c[q - 1 : q + m - 1], a, b, w[v : v + m])
+            _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+            s = _tr_chain(w[v : v + m], s, a4, sb[v : v + m])
+            k0 = q
+            i += 1
+        u = (i & 1) * m
+        q = k0 + m
+        _atr_natr_out(sb[u : u + m], apw, w[u : u + m], c[k0:q], atr[k0:q], natr[k0:q])
+        k0 = q
+    e = _next_roll(inst, k0)
+    s = _atr_natr_span(h, lo, c, k0, e, s, a, b, apw, w, sb, atr, natr)
+    return s, e
 
 
 @njit(cache=True, inline="always")
@@ -474,15 +647,12 @@ def _rsi_nb(o, c, inst, n):
     out[n] = 100.0 * g / tot if tot > 0.0 else 50.0
     a = (n - 1) / n
     b = 1.0 / n
-    a2 = a * a
+    apw = _step_powers(a, 2, _RSI_BLOCK)
+    scratch = np.empty((4, _RSI_BLOCK), np.float64)
     j = n + 1
     while j < nb:
         e = _next_roll(inst, j)
-        k0 = j
-        while k0 < e:
-            k1 = min(k0 + _BLOCK, e)
-            g, lo = _rsi_block(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, a2, out[k0:k1])
-            k0 = k1
+        g, lo = _rsi_run(c, j, e, g, lo, a, b, apw, scratch, out)
         if e == nb:
             break
         rr = o[e] / c[e - 1]
@@ -497,35 +667,69 @@ def _rsi_nb(o, c, inst, n):
     return out
 
 
-@njit(cache=True, error_model="numpy")
-def _rsi_block(c, pc, g, lo, a, b, a2, out):
-    """Wilder means of gains / losses over a block without a roll, two bars per step
-    (G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b; a partial step is the step's first bar, so a
-    cut series keeps every value); writes RSI = 100 G / (G + L) (50 where G + L == 0) inside
-    the recursion's loop (the divisions overlap with it); returns the last pair."""
+@njit(cache=True, error_model="numpy", inline="always")
+def _rsi_starts(c, pc, g, lo, a, b, apw, wg, wl, gb, lb):
+    """Wilder means of gains / losses over a block without a roll, two bars per step from the
+    block's start: G_{k+1} = G_{k-1} a^2 + (U_k a + U_{k+1}) b, G_k = G_{k-1} a + U_k b (a
+    partial last step is the step's first bar, so a cut series keeps every value), losses
+    likewise. ``apw`` holds a, a^2 repeated. Leaves the Horner sums times b in ``wg`` / ``wl``
+    and G_{k-1} / L_{k-1} of each bar's step in ``gb`` / ``lb`` (scratch of at least the
+    block's length), so that bar p's G is gb[p] * apw[p] + wg[p], the same expression, hence
+    the same bits, as in a bar-by-bar step; returns the last pair.
+
+    Two passes (the block stays in L1): gains and losses (vectorised), then the steps, whose
+    recursion (one multiply and one add per two bars and mean) is the only loop-carried
+    chain; the caller's RSI pass is vectorised, divisions included."""
     m = c.shape[0]
-    for i in range(m // 2):
-        p = 2 * i
-        q = p + 1
-        d1 = c[p] - pc[p]
-        d2 = c[q] - pc[q]
-        u1 = d1 if d1 > 0.0 else 0.0
-        v1 = -d1 if d1 < 0.0 else 0.0
-        u2 = d2 if d2 > 0.0 else 0.0
-        v2 = -d2 if d2 < 0.0 else 0.0
-        g1 = g * a + u1 * b
-        t1 = g1 + (lo * a + v1 * b)
-        g = g * a2 + (u1 * a + u2) * b
-        lo = lo * a2 + (v1 * a + v2) * b
-        t2 = g + lo
-        out[p] = _rsi_value(g1, t1)
-        out[q] = _rsi_value(g, t2)
-    if m % 2:
-        p = m - 1
+    for p in range(m):
         d = c[p] - pc[p]
-        g = g * a + (d if d > 0.0 else 0.0) * b
-        lo = lo * a + (-d if d < 0.0 else 0.0) * b
-        out[p] = _rsi_value(g, g + lo)
+        wg[p] = d if d > 0.0 else 0.0
+        wl[p] = -d if d < 0.0 else 0.0
+    m2 = m - m % 2
+    a2 = apw[1]
+    for p in range(0, m2, 2):
+        u1 = wg[p]
+        v1 = wl[p]
+        x2 = (u1 * a + wg[p + 1]) * b
+        y2 = (v1 * a + wl[p + 1]) * b
+        wg[p] = u1 * b
+        wl[p] = v1 * b
+        wg[p + 1] = x2
+        wl[p + 1] = y2
+        gb[p] = g
+        gb[p + 1] = g
+        lb[p] = lo
+        lb[p + 1] = lo
+        g = g * a2 + x2
+        lo = lo * a2 + y2
+    if m2 < m:  # a partial step: its first bar
+        p = m2
+        wg[p] = wg[p] * b
+        wl[p] = wl[p] * b
+        gb[p] = g
+        lb[p] = lo
+        g = g * a + wg[p]
+        lo = lo * a + wl[p]
+    return g, lo
+
+
+@njit(cache=True, error_model="numpy")
+def _rsi_run(c, k0, e, g, lo, a, b, apw, scratch, out):
+    """RSI of bars k0..e-1 (no roll among them) into ``out``, blocks of _RSI_BLOCK bars in turn
+    (pipelined as _natr_span, it measured slower: the step loop of two recursions is the
+    bottleneck either way); ``scratch``: 4 rows of _RSI_BLOCK. Returns the last G, L."""
+    wg = scratch[0]
+    wl = scratch[1]
+    gb = scratch[2]
+    lb = scratch[3]
+    while k0 < e:
+        k1 = min(k0 + _RSI_BLOCK, e)
+        g, lo = _rsi_starts(c[k0:k1], c[k0 - 1 : k1 - 1], g, lo, a, b, apw, wg, wl, gb, lb)
+        r = out[k0:k1]
+        for p in range(k1 - k0):
+            gp = gb[p] * apw[p] + wg[p]
+            r[p] = _rsi_value(gp, gp + (lb[p] * apw[p] + wl[p]))
+        k0 = k1
     return g, lo
 
 
@@ -587,7 +791,7 @@ def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
     sig_out[first_sig] = eg / c[first_sig]
     hist_out[first_sig] = (line - eg) / c[first_sig]
     # EMA_t = EMA + k (x - EMA) is evaluated as EMA (1-k) + x k, two bars per step (as in
-    # _rsi_block); the raw line and signal go to the outputs block by block and are
+    # _rsi_starts); the raw line and signal go to the outputs block by block and are
     # divided by C in a loop of their own
     af, as_, ag = 1.0 - kf, 1.0 - ks, 1.0 - kg
     af2, as2, ag2 = af * af, as_ * as_, ag * ag
@@ -617,7 +821,7 @@ def _macd_into_nb(o, c, inst, fast, slow, sig, line_out, sig_out, hist_out):
 
 @njit(cache=True, error_model="numpy")
 def _macd_block(c, ef, es, eg, coef, line_out, sig_out):
-    """The three EMAs over a block without a roll, two bars per step (as _rsi_block):
+    """The three EMAs over a block without a roll, two bars per step (as _rsi_starts):
     writes the MACD line and signal in price units; returns the EMAs."""
     kf, ks, kg, af, as_, ag, af2, as2, ag2 = coef
     m = c.shape[0]
