@@ -19,6 +19,10 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
 - ``ofi_k{K}``: best-level order-flow imbalance (Cont–Kukanov–Stoikov event form, e of each
   update against the previous one) summed over the last K updates, divided by the mean best
   depth (Q_b1 + Q_a1) / 2 over the same updates;
+- ``mlofi_1to{L}_k{K}`` (L = 5 and 10, capped at ``levels``): the level terms e^(m) of
+  ``mlofi_l{m}`` summed over levels 1..L and over the last K updates (each flow window),
+  divided by the mean per-level depth Σ_(m≤L) (Q_bm + Q_am) / (2L) over the same updates
+  (Xu–Gould–Howison's multi-level OFI, aggregated over levels);
 - ``mlofi_l{m}``: the same at level m (1..levels, by rank; a missing level is price ∓∞, size 0)
   over the last ``mlofi_window`` updates;
 - ``tsv_k{K}``, ``timb_k{K}``, ``tcnt_k{K}``: over the last K trades, signed volume
@@ -36,6 +40,12 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
 - ``drift_k{K}``: mid now minus mid K updates ago (ticks); ``midchg_k{K}``: mid changes among the
   last K updates;
 - ``log_rows_since_break``: log1p of the updates since the last break.
+
+The registry also documents the bar progress columns (:data:`BAR_PROGRESS_NAMES`, computed by
+:func:`bar_progress` in ``snapshot_rows``, which knows the bars): how far the still-open bar
+has got since the last closed bar's close (its trade volume over the closed bar's volume, the
+time since the close, raw and over the closed bar's duration). ``docs/snapshot-features.md``
+is the registry as a table (:func:`snapshot_feature_table`; a test keeps the two equal).
 
 Integer quantities (sizes, OFI terms, half-tick mids) are summed in float64 running sums, which
 stay exact (integers below 2^53), so a long quarter does not drift.
@@ -96,11 +106,17 @@ class SnapshotFeatureConfig(ConfigModel):
         return v
 
 
+def agg_levels(cfg: SnapshotFeatureConfig) -> list[int]:
+    """Depths L of the level-aggregated OFI columns: 5 and 10, capped at ``cfg.levels``."""
+    return sorted({min(5, cfg.levels), cfg.levels})
+
+
 def feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
     """Output columns, in order (see the module docstring)."""
     return [
         *(f"book_{c}" for c in _BOOK_STATE_COLS),
         *(f"ofi_k{k}" for k in cfg.flow_windows),
+        *(f"mlofi_1to{lv}_k{k}" for k in cfg.flow_windows for lv in agg_levels(cfg)),
         *(f"mlofi_l{m + 1}" for m in range(cfg.levels)),
         *(f"{p}_k{k}" for k in cfg.trade_windows for p in ("tsv", "timb", "tcnt")),
         "vpin",
@@ -113,6 +129,11 @@ def feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
         *(f"{p}_k{k}" for k in cfg.drift_windows for p in ("drift", "midchg")),
         "log_rows_since_break",
     ]
+
+
+# Bar progress: how far the current, still-open bar has got, from the last closed bar
+# (joined in ``snapshot_rows`` beside the bar context; :func:`bar_progress`).
+BAR_PROGRESS_NAMES = ("bar_prog_volume", "bar_prog_log_time", "log_dt_bar_us")
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,19 @@ def snapshot_feature_registry(cfg: SnapshotFeatureConfig | None = None) -> dict[
             f"last {k} updates",
         )
         for k in c.flow_windows
+    ]
+    reg += [
+        S(
+            f"mlofi_1to{lv}_k{k}",
+            f"Σ_(m≤{lv}) e^(m)_n summed over the last K updates (e^(m) the level-m CKS term of "
+            f"mlofi_l<m>) / mean over them of the per-level depth Σ_(m≤{lv}) (Qb_m + Qa_m) / (2·{lv}) "
+            "(Xu–Gould–Howison multi-level OFI aggregated over levels; missing levels size 0); 0 "
+            "without depth",
+            "mean per-level depths",
+            f"last {k} updates",
+        )
+        for k in c.flow_windows
+        for lv in agg_levels(c)
     ]
     reg += [
         S(
@@ -233,8 +267,56 @@ def snapshot_feature_registry(cfg: SnapshotFeatureConfig | None = None) -> dict[
     reg.append(
         S("log_rows_since_break", "log1p(updates since the last break)", "log count", "since the break")
     )
+    reg += [
+        S(
+            "bar_prog_volume",
+            "volume of the active contract's trades (the trades the bars are built from) with "
+            "ts_recv ≤ this update's and > the last closed bar's ts_close / that bar's volume",
+            "bars' volume (for volume bars ≈ volume / threshold)",
+            "since the last closed bar",
+        ),
+        S(
+            "bar_prog_log_time",
+            "log1p(µs from the last closed bar's ts_close to this update) − log1p(that bar's duration in µs)",
+            "log ratio",
+            "since the last closed bar",
+        ),
+        S(
+            "log_dt_bar_us",
+            "log1p(µs from the last closed bar's ts_close to this update)",
+            "log µs",
+            "since the last closed bar",
+        ),
+    ]
     out = {r.name: r for r in reg}
-    assert list(out) == feature_names(c), "registry and kernel columns differ"
+    assert list(out) == [*feature_names(c), *BAR_PROGRESS_NAMES], "registry and kernel columns differ"
+    return out
+
+
+def snapshot_feature_table(cfg: SnapshotFeatureConfig | None = None) -> str:
+    """The registry as the markdown table of ``docs/snapshot-features.md``."""
+    rows = ["| column | formula | unit | reads |", "|---|---|---|---|"]
+    for r in snapshot_feature_registry(cfg).values():
+        cells = (f"`{r.name}`", r.description, r.unit, r.window)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def bar_progress(vol_since: F64, bar_volume: F64, elapsed_ns: I64, bar_duration_ns: I64) -> F64:
+    """The :data:`BAR_PROGRESS_NAMES` columns, ``[n, 3]``, of rows whose last closed bar had
+    ``bar_volume`` (contracts) and ``bar_duration_ns``, from the trade volume since its close
+    (``vol_since``, contracts; trades at the close's own ts_recv count with the closed bar) and
+    the ns since its ``ts_close`` (>= 0: the bar closed before the row; negatives, which only
+    rows that are dropped for want of a closed bar can have, are clipped to 0)."""
+    v = np.maximum(np.asarray(vol_since, dtype=np.float64), 0.0)
+    bv = np.asarray(bar_volume, dtype=np.float64)
+    el_us = np.maximum(np.asarray(elapsed_ns, dtype=np.float64), 0.0) / 1e3
+    du_us = np.maximum(np.asarray(bar_duration_ns, dtype=np.float64), 0.0) / 1e3
+    out = np.empty((v.shape[0], len(BAR_PROGRESS_NAMES)))
+    np.divide(v, bv, out=out[:, 0], where=bv > 0)
+    out[bv <= 0, 0] = 0.0
+    np.log1p(el_us, out=out[:, 2])
+    out[:, 1] = out[:, 2] - np.log1p(du_us)
     return out
 
 
@@ -282,6 +364,9 @@ class SnapshotState:
     # update's book, so an update that leaves the first k levels (and the mid) alone resumes there
     slope: F64
     trade_out: F64  # [3 * trade windows + 2]: trade-window, VPIN and Kyle outputs of the last trade
+    # [R, 2 * len(agg_levels)]: per aggregated depth L, Σ_(m≤L) e^(m) and Σ_(m≤L) (Qb_m + Qa_m)
+    # of the last R updates
+    agg_ring: F64
 
 
 # integer state slots
@@ -301,7 +386,8 @@ def _sizes(cfg: SnapshotFeatureConfig) -> tuple[int, int, int]:
 
 def _n_sums(cfg: SnapshotFeatureConfig) -> int:
     # ofi + depth per flow window, mlofi per level + its depth, 3 per trade window, 5 Kyle sums,
-    # mid changes per drift window, vpin sum
+    # mid changes per drift window, vpin sum, then (aggregated OFI, its depth) per flow window
+    # and aggregated depth L
     return (
         2 * len(cfg.flow_windows)
         + cfg.levels
@@ -310,6 +396,7 @@ def _n_sums(cfg: SnapshotFeatureConfig) -> int:
         + 5
         + len(cfg.drift_windows)
         + 1
+        + 2 * len(cfg.flow_windows) * len(agg_levels(cfg))
     )
 
 
@@ -332,6 +419,7 @@ def new_state(cfg: SnapshotFeatureConfig) -> SnapshotState:
         vpin_cur=np.zeros(3),
         slope=np.zeros((2, 4, cfg.levels)),
         trade_out=np.zeros(3 * len(cfg.trade_windows) + 2),
+        agg_ring=np.zeros((r, 2 * len(agg_levels(cfg)))),
     )
 
 
@@ -498,9 +586,9 @@ _BLOCK = 64  # rows per output block (in cache), copied to the output a block at
 @njit(cache=True, nogil=True)
 def _snapshot_nb(
     ts, brk, action, side, size, bpx, apx, bsz, asz, bct, act,
-    levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w,
+    levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w, agg_lv,
     ints, prev, ofi_ring, dep_ring, sums, trade_ring, mid_ring, chg_ring, ts_ring, vpin_ring, vpin_cur,
-    slope, trade_out, out,
+    slope, trade_out, agg_ring, out,
 ):  # fmt: skip
     """The scan over one chunk; ``out`` is [F, n] (feature-major). Rings are one longer than
     their longest window, so the value leaving window k is always ``ring[(pos - k) % size]``.
@@ -525,7 +613,10 @@ def _snapshot_nb(
     s_ky = s_tr + 3 * ntw
     s_chg = s_ky + 5
     s_vp = s_chg + nd
-    o_tr = 12 + nf + levels  # first trade output column
+    s_ag = s_vp + 1  # (Σ e, Σ depth) per flow window and aggregated depth
+    nag = agg_lv.shape[0]
+    o_ag = 12 + nf  # first aggregated-OFI output column
+    o_tr = 12 + nf + nf * nag + levels  # first trade output column
     n_tr = 3 * ntw + 2
     blk = np.empty((nfeat, _BLOCK))
     for b0 in range(0, n, _BLOCK):
@@ -551,6 +642,8 @@ def _snapshot_nb(
             jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
             ja = jb
             pos = ints[_I_POS]
+            for g in range(2 * nag):
+                agg_ring[pos, g] = 0.0
             for m in range(levels):
                 b = _px(bpx[i, m], True)
                 a = _px(apx[i, m], False)
@@ -570,6 +663,10 @@ def _snapshot_nb(
                 if rows >= mlofi_k:
                     sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
                 sums[s_ml + m] += e
+                for g in range(nag):
+                    if m < agg_lv[g]:
+                        agg_ring[pos, 2 * g] += e
+                        agg_ring[pos, 2 * g + 1] += qb + qa
                 prev[0, m] = b
                 prev[1, m] = a
                 prev[2, m] = qb
@@ -583,6 +680,13 @@ def _snapshot_nb(
             if rows >= mlofi_k:
                 sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
             sums[s_mld] += dep
+            for w in range(nf):
+                old = _back(pos, flow_w[w], R)
+                for g in range(2 * nag):
+                    j = s_ag + 2 * nag * w + g
+                    if rows >= flow_w[w]:
+                        sums[j] -= agg_ring[old, g]
+                    sums[j] += agg_ring[pos, g]
             ints[_I_POS] = pos + 1 if pos + 1 < R else 0
             # ---- mid changes
             dpos = ints[_I_DPOS]
@@ -687,6 +791,13 @@ def _snapshot_nb(
                 md = sums[s_dep + w] / min(rows + 1, flow_w[w])
                 blk[o, r] = sums[w] / md if md > 0 else 0.0
                 o += 1
+            for w in range(nf):
+                cnt_w = min(rows + 1, flow_w[w])
+                for g in range(nag):
+                    j = s_ag + 2 * nag * w + 2 * g
+                    ad = sums[j + 1] / (cnt_w * 2.0 * agg_lv[g])  # mean per-level depth
+                    blk[o_ag + nag * w + g, r] = sums[j] / ad if ad > 0 else 0.0
+            o = o_ag + nf * nag
             md = sums[s_mld] / min(rows + 1, mlofi_k)
             if md > 0:
                 for m in range(levels):
@@ -775,8 +886,9 @@ def snapshot_features(
         lv, float(cfg.tick_size), _inv_tick(float(cfg.tick_size)), np.asarray(cfg.flow_windows, dtype=np.int64), int(cfg.mlofi_window),
         np.asarray(cfg.trade_windows, dtype=np.int64), int(cfg.kyle_trades), float(cfg.vpin_bucket_volume),
         int(cfg.vpin_buckets), np.asarray(cfg.drift_windows, dtype=np.int64),
+        np.asarray(agg_levels(cfg), dtype=np.int64),
         st.ints, st.prev, st.ofi_ring, st.dep_ring, st.sums, st.trade_ring, st.mid_ring, st.chg_ring,
-        st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, out,
+        st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, st.agg_ring, out,
     )  # fmt: skip
     return out.T, st
 
