@@ -55,8 +55,10 @@ Speed (``benchmarks/bench_snapshot.py``), each step giving the same bits as a pl
 the book slopes resume at the first level (per side) that differs from the previous update
 (most updates change one level), the trade-window, VPIN and Kyle outputs are computed on trade
 rows only and repeated between them, divisions by a power-of-two tick are products, ``log1p``
-of a zero clock is not called, and rows are built in a small in-cache block copied to ``out``
-(a caller-owned buffer reused from chunk to chunk) a block at a time.
+of a zero clock is not called, the slopes' usual distances (half a tick to the mid, one tick
+between levels) are not divided by, and each row is written once, straight into ``out`` (row
+major: a caller-owned buffer reused from chunk to chunk, or the first columns of the caller's
+fxcache block, so ``snapshot_rows`` copies nothing).
 """
 
 from __future__ import annotations
@@ -486,14 +488,19 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
             break
         cum += sz[i, k]
         v = _log1p_nb(cum)
+        # the usual distances, half a tick to the mid and one tick between levels, need no
+        # division: v / 0.5 is v * 2 and x / 1 is x, exactly (the same bits)
         if k == 0:
             d = _per_tick(abs(p - mid), tick, inv_tick)
-            if d > 0.0:
+            if d == 0.5:
+                acc += v * 2.0
+            elif d > 0.0:
                 acc += v / d
         else:
             d = _per_tick(abs(p - prev_p), tick, inv_tick)
             if d > 0.0 and prev_v > 0.0:
-                acc += (v / prev_v - 1.0) / d
+                x = v / prev_v - 1.0
+                acc += x if d == 1.0 else x / d
         prev_v = v
         prev_p = p
         cache[side, 0, k] = acc
@@ -507,8 +514,8 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r):
-    """``ofi._book_state_nb`` of row ``i`` into ``blk[0:12, r]`` (the same formulas, operation
+def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, out):
+    """``ofi._book_state_nb`` of row ``i`` into ``out[i, 0:12]`` (the same formulas, operation
     for operation), with the slopes resumed where the book did not change."""
     pb = bpx[i, 0]
     pa = apx[i, 0]
@@ -551,24 +558,24 @@ def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slo
             sa += va
             da += va * (a - mid)
             com += va * (a - mid)
-    blk[0, r] = i1
-    blk[1, r] = _ratio(num5, den5)
-    blk[2, r] = _ratio(numl, denl)
-    blk[3, r] = 0.5 * i1 if s > 0.0 else 0.0
-    blk[4, r] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
+    out[i, 0] = i1
+    out[i, 1] = _ratio(num5, den5)
+    out[i, 2] = _ratio(numl, denl)
+    out[i, 3] = 0.5 * i1 if s > 0.0 else 0.0
+    out[i, 4] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
     bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, ints[_I_SLOPE_NB])
     asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, ints[_I_SLOPE_NA])
     ints[_I_SLOPE_NB] = nb
     ints[_I_SLOPE_NA] = na
-    blk[5, r] = bsl
-    blk[6, r] = asl
-    blk[7, r] = _ratio(bsl - asl, bsl + asl)
+    out[i, 5] = bsl
+    out[i, 6] = asl
+    out[i, 7] = _ratio(bsl - asl, bsl + asl)
     dbm = _ratio(db, sb)
     dam = _ratio(da, sa)
-    blk[8, r] = _ratio(dam - dbm, dam + dbm)
-    blk[9, r] = _per_tick(-_ratio(com, sb + sa), tick, inv_tick)
-    blk[10, r] = _per_tick(s, tick, inv_tick)
-    blk[11, r] = _ratio(ctn, ctd)
+    out[i, 8] = _ratio(dam - dbm, dam + dbm)
+    out[i, 9] = _per_tick(-_ratio(com, sb + sa), tick, inv_tick)
+    out[i, 10] = _per_tick(s, tick, inv_tick)
+    out[i, 11] = _ratio(ctn, ctd)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -580,9 +587,6 @@ def _log1p_us(dt_ns: int) -> float:
     return math.log1p(dt_ns / 1e3)
 
 
-_BLOCK = 64  # rows per output block (in cache), copied to the output a block at a time
-
-
 @njit(cache=True, nogil=True)
 def _snapshot_nb(
     ts, brk, action, side, size, bpx, apx, bsz, asz, bct, act,
@@ -590,15 +594,13 @@ def _snapshot_nb(
     ints, prev, ofi_ring, dep_ring, sums, trade_ring, mid_ring, chg_ring, ts_ring, vpin_ring, vpin_cur,
     slope, trade_out, agg_ring, out,
 ):  # fmt: skip
-    """The scan over one chunk; ``out`` is [F, n] (feature-major). Rings are one longer than
-    their longest window, so the value leaving window k is always ``ring[(pos - k) % size]``.
-
-    Rows are computed into a small feature-major block that stays in cache, copied into ``out``
-    a block at a time (whole cache lines per feature). The trade outputs change only on trade rows: computed there,
+    """The scan over one chunk; ``out`` is [n, F] (row-major; rows may be strided, each row's
+    values contiguous), written row by row: one row is a few whole cache lines, written once.
+    Rings are one longer than their longest window, so the value leaving window k is always
+    ``ring[(pos - k) % size]``. The trade outputs change only on trade rows: computed there,
     kept in ``trade_out`` and repeated on the rows between (the same values a recomputation from
     the unchanged sums gives)."""
     n = ts.shape[0]
-    nfeat = out.shape[0]
     R = ofi_ring.shape[0]
     T = trade_ring.shape[0]
     D = mid_ring.shape[0]
@@ -618,217 +620,211 @@ def _snapshot_nb(
     o_ag = 12 + nf  # first aggregated-OFI output column
     o_tr = 12 + nf + nf * nag + levels  # first trade output column
     n_tr = 3 * ntw + 2
-    blk = np.empty((nfeat, _BLOCK))
-    for b0 in range(0, n, _BLOCK):
-        b1 = min(b0 + _BLOCK, n)
-        for i in range(b0, b1):
-            r = i - b0
-            u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
-            # ---- a break resets every window, clock and the previous book
-            if brk[i] != ints[_I_BREAK]:
-                ints[:] = 0
-                ints[_I_BREAK] = brk[i]
-                sums[:] = 0.0
-                vpin_cur[:] = 0.0
-                trade_out[:] = 0.0
-                ints[_I_LAST_TS] = ts[i]
-                ints[_I_LAST_TRADE_TS] = ts[i]
-                ints[_I_LAST_MID_TS] = ts[i]
-                ints[_I_LAST_U] = u
-                ints[_I_TRADE_U] = u
-            rows = ints[_I_ROWS]
-            # ---- per-level OFI of this update (0 on the first row after a break); the first
-            # level that differs from the previous update, per side, for the slopes
-            jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
-            ja = jb
-            pos = ints[_I_POS]
-            for g in range(2 * nag):
-                agg_ring[pos, g] = 0.0
-            for m in range(levels):
-                b = _px(bpx[i, m], True)
-                a = _px(apx[i, m], False)
-                qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
-                qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
-                if m < jb and (b != prev[0, m] or qb != prev[2, m]):
-                    jb = m
-                if m < ja and (a != prev[1, m] or qa != prev[3, m]):
-                    ja = m
-                e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
-                ofi_ring[pos, m] = e
-                if m == 0:
-                    for w in range(nf):
-                        if rows >= flow_w[w]:
-                            sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
-                        sums[w] += e
-                if rows >= mlofi_k:
-                    sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
-                sums[s_ml + m] += e
-                for g in range(nag):
-                    if m < agg_lv[g]:
-                        agg_ring[pos, 2 * g] += e
-                        agg_ring[pos, 2 * g + 1] += qb + qa
-                prev[0, m] = b
-                prev[1, m] = a
-                prev[2, m] = qb
-                prev[3, m] = qa
-            dep = 0.5 * (prev[2, 0] + prev[3, 0])
-            dep_ring[pos] = dep
-            for w in range(nf):
-                if rows >= flow_w[w]:
-                    sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
-                sums[s_dep + w] += dep
-            if rows >= mlofi_k:
-                sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
-            sums[s_mld] += dep
-            for w in range(nf):
-                old = _back(pos, flow_w[w], R)
-                for g in range(2 * nag):
-                    j = s_ag + 2 * nag * w + g
-                    if rows >= flow_w[w]:
-                        sums[j] -= agg_ring[old, g]
-                    sums[j] += agg_ring[pos, g]
-            ints[_I_POS] = pos + 1 if pos + 1 < R else 0
-            # ---- mid changes
-            dpos = ints[_I_DPOS]
-            changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
-            chg_ring[dpos] = changed
-            mid_ring[dpos] = u
-            for w in range(nd):
-                if rows >= drift_w[w]:
-                    sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
-                sums[s_chg + w] += changed
-            if changed:
-                ints[_I_LAST_MID_TS] = ts[i]
-            # ---- trades
-            if action[i] == TRADE:
-                v = size[i]
-                sg = float(side[i])
-                tpos = ints[_I_TPOS]
-                nt = ints[_I_TRADES]
-                dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
-                trade_ring[tpos, 0] = sg * v
-                trade_ring[tpos, 1] = v
-                trade_ring[tpos, 2] = sg
-                trade_ring[tpos, 3] = dmid
-                for w in range(ntw):
-                    k = trade_w[w]
-                    for c in range(3):
-                        if nt >= k:
-                            sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
-                        sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
-                # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
-                if nt >= kyle_k:
-                    j = _back(tpos, kyle_k, T)
-                    xo = trade_ring[j, 0]
-                    yo = trade_ring[j, 3]
-                    sums[s_ky] -= 1.0
-                    sums[s_ky + 1] -= xo
-                    sums[s_ky + 2] -= yo
-                    sums[s_ky + 3] -= xo * xo
-                    sums[s_ky + 4] -= xo * yo
-                x = sg * v
-                sums[s_ky] += 1.0
-                sums[s_ky + 1] += x
-                sums[s_ky + 2] += dmid
-                sums[s_ky + 3] += x * x
-                sums[s_ky + 4] += x * dmid
-                ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
-                ints[_I_TRADES] = nt + 1
-                ints[_I_TRADE_U] = u
-                ints[_I_LAST_TRADE_TS] = ts[i]
-                # VPIN: fill volume buckets (a trade may close several)
-                rem = v
-                while rem > 0.0:
-                    room = vb_vol - vpin_cur[2]
-                    take = rem if rem < room else room
-                    if sg > 0:
-                        vpin_cur[0] += take
-                    elif sg < 0:
-                        vpin_cur[1] += take
-                    vpin_cur[2] += take
-                    rem -= take
-                    if vpin_cur[2] >= vb_vol:
-                        bpos = ints[_I_BPOS]
-                        val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
-                        if ints[_I_BUCKETS] >= vb_n:
-                            sums[s_vp] -= vpin_ring[bpos]
-                        vpin_ring[bpos] = val
-                        sums[s_vp] += val
-                        ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
-                        ints[_I_BUCKETS] += 1
-                        vpin_cur[:] = 0.0
-                # the trade outputs, until the next trade
-                nt = ints[_I_TRADES]
-                for w in range(ntw):
-                    cnt = min(nt, trade_w[w])
-                    sv = sums[s_tr + 3 * w]
-                    vol = sums[s_tr + 3 * w + 1]
-                    trade_out[3 * w] = sv
-                    trade_out[3 * w + 1] = sv / vol if vol > 0 else 0.0
-                    trade_out[3 * w + 2] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
-                nb = ints[_I_BUCKETS]
-                trade_out[3 * ntw] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
-                kn = sums[s_ky]
-                lam = 0.0
-                if kn >= 3:
-                    sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
-                    sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
-                    if sxx > 1e-9:
-                        lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
-                trade_out[3 * ntw + 1] = lam
-            # ---- event rate over the last min(rows + 1, RK - 1) updates
-            rpos = ints[_I_RPOS]
-            ts_ring[rpos] = ts[i]
-            cnt_r = min(rows + 1, RK - 1)
-            t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
-            ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
-            # ---- outputs of row i
-            _book_state_row(
-                bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r
-            )
-            o = 12
-            for w in range(nf):
-                md = sums[s_dep + w] / min(rows + 1, flow_w[w])
-                blk[o, r] = sums[w] / md if md > 0 else 0.0
-                o += 1
-            for w in range(nf):
-                cnt_w = min(rows + 1, flow_w[w])
-                for g in range(nag):
-                    j = s_ag + 2 * nag * w + 2 * g
-                    ad = sums[j + 1] / (cnt_w * 2.0 * agg_lv[g])  # mean per-level depth
-                    blk[o_ag + nag * w + g, r] = sums[j] / ad if ad > 0 else 0.0
-            o = o_ag + nf * nag
-            md = sums[s_mld] / min(rows + 1, mlofi_k)
-            if md > 0:
-                for m in range(levels):
-                    blk[o + m, r] = sums[s_ml + m] / md
-            else:
-                for m in range(levels):
-                    blk[o + m, r] = 0.0
-            for c in range(n_tr):
-                blk[o_tr + c, r] = trade_out[c]
-            o = o_tr + n_tr
-            blk[o, r] = _log1p_us(ts[i] - ints[_I_LAST_TS])
-            blk[o + 1, r] = _log1p_us(ts[i] - ints[_I_LAST_TRADE_TS])
-            blk[o + 2, r] = _log1p_us(ts[i] - ints[_I_LAST_MID_TS])
-            span = ts[i] - t_first
-            blk[o + 3, r] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
-            blk[o + 4, r] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
-            o += 5
-            for w in range(nd):
-                k = drift_w[w]
-                back = k if rows >= k else rows
-                blk[o, r] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
-                blk[o + 1, r] = sums[s_chg + w]
-                o += 2
-            blk[o, r] = _log1p_nb(rows)
-            ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
-            ints[_I_ROWS] = rows + 1
+    for i in range(n):
+        u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
+        # ---- a break resets every window, clock and the previous book
+        if brk[i] != ints[_I_BREAK]:
+            ints[:] = 0
+            ints[_I_BREAK] = brk[i]
+            sums[:] = 0.0
+            vpin_cur[:] = 0.0
+            trade_out[:] = 0.0
             ints[_I_LAST_TS] = ts[i]
+            ints[_I_LAST_TRADE_TS] = ts[i]
+            ints[_I_LAST_MID_TS] = ts[i]
             ints[_I_LAST_U] = u
-        for f in range(nfeat):
-            for r in range(b1 - b0):
-                out[f, b0 + r] = blk[f, r]
+            ints[_I_TRADE_U] = u
+        rows = ints[_I_ROWS]
+        # ---- per-level OFI of this update (0 on the first row after a break); the first
+        # level that differs from the previous update, per side, for the slopes
+        jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
+        ja = jb
+        pos = ints[_I_POS]
+        ce = 0.0  # Σ e^(m) and Σ (Qb_m + Qa_m) over the levels so far (integers: exact)
+        cq = 0.0
+        g = 0
+        for m in range(levels):
+            b = _px(bpx[i, m], True)
+            a = _px(apx[i, m], False)
+            qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
+            qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
+            if m < jb and (b != prev[0, m] or qb != prev[2, m]):
+                jb = m
+            if m < ja and (a != prev[1, m] or qa != prev[3, m]):
+                ja = m
+            e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
+            ofi_ring[pos, m] = e
+            if m == 0:
+                for w in range(nf):
+                    if rows >= flow_w[w]:
+                        sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
+                    sums[w] += e
+            if rows >= mlofi_k:
+                sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
+            sums[s_ml + m] += e
+            ce += e
+            cq += qb + qa
+            if g < nag and m + 1 == agg_lv[g]:
+                agg_ring[pos, 2 * g] = ce
+                agg_ring[pos, 2 * g + 1] = cq
+                g += 1
+            prev[0, m] = b
+            prev[1, m] = a
+            prev[2, m] = qb
+            prev[3, m] = qa
+        dep = 0.5 * (prev[2, 0] + prev[3, 0])
+        dep_ring[pos] = dep
+        for w in range(nf):
+            if rows >= flow_w[w]:
+                sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
+            sums[s_dep + w] += dep
+        if rows >= mlofi_k:
+            sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
+        sums[s_mld] += dep
+        for w in range(nf):
+            old = _back(pos, flow_w[w], R)
+            for g in range(2 * nag):
+                j = s_ag + 2 * nag * w + g
+                if rows >= flow_w[w]:
+                    sums[j] -= agg_ring[old, g]
+                sums[j] += agg_ring[pos, g]
+        ints[_I_POS] = pos + 1 if pos + 1 < R else 0
+        # ---- mid changes
+        dpos = ints[_I_DPOS]
+        changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
+        chg_ring[dpos] = changed
+        mid_ring[dpos] = u
+        for w in range(nd):
+            if rows >= drift_w[w]:
+                sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
+            sums[s_chg + w] += changed
+        if changed:
+            ints[_I_LAST_MID_TS] = ts[i]
+        # ---- trades
+        if action[i] == TRADE:
+            v = size[i]
+            sg = float(side[i])
+            tpos = ints[_I_TPOS]
+            nt = ints[_I_TRADES]
+            dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
+            trade_ring[tpos, 0] = sg * v
+            trade_ring[tpos, 1] = v
+            trade_ring[tpos, 2] = sg
+            trade_ring[tpos, 3] = dmid
+            for w in range(ntw):
+                k = trade_w[w]
+                for c in range(3):
+                    if nt >= k:
+                        sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
+                    sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
+            # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
+            if nt >= kyle_k:
+                j = _back(tpos, kyle_k, T)
+                xo = trade_ring[j, 0]
+                yo = trade_ring[j, 3]
+                sums[s_ky] -= 1.0
+                sums[s_ky + 1] -= xo
+                sums[s_ky + 2] -= yo
+                sums[s_ky + 3] -= xo * xo
+                sums[s_ky + 4] -= xo * yo
+            x = sg * v
+            sums[s_ky] += 1.0
+            sums[s_ky + 1] += x
+            sums[s_ky + 2] += dmid
+            sums[s_ky + 3] += x * x
+            sums[s_ky + 4] += x * dmid
+            ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
+            ints[_I_TRADES] = nt + 1
+            ints[_I_TRADE_U] = u
+            ints[_I_LAST_TRADE_TS] = ts[i]
+            # VPIN: fill volume buckets (a trade may close several)
+            rem = v
+            while rem > 0.0:
+                room = vb_vol - vpin_cur[2]
+                take = rem if rem < room else room
+                if sg > 0:
+                    vpin_cur[0] += take
+                elif sg < 0:
+                    vpin_cur[1] += take
+                vpin_cur[2] += take
+                rem -= take
+                if vpin_cur[2] >= vb_vol:
+                    bpos = ints[_I_BPOS]
+                    val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
+                    if ints[_I_BUCKETS] >= vb_n:
+                        sums[s_vp] -= vpin_ring[bpos]
+                    vpin_ring[bpos] = val
+                    sums[s_vp] += val
+                    ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
+                    ints[_I_BUCKETS] += 1
+                    vpin_cur[:] = 0.0
+            # the trade outputs, until the next trade
+            nt = ints[_I_TRADES]
+            for w in range(ntw):
+                cnt = min(nt, trade_w[w])
+                sv = sums[s_tr + 3 * w]
+                vol = sums[s_tr + 3 * w + 1]
+                trade_out[3 * w] = sv
+                trade_out[3 * w + 1] = sv / vol if vol > 0 else 0.0
+                trade_out[3 * w + 2] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
+            nb = ints[_I_BUCKETS]
+            trade_out[3 * ntw] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
+            kn = sums[s_ky]
+            lam = 0.0
+            if kn >= 3:
+                sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
+                sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
+                if sxx > 1e-9:
+                    lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
+            trade_out[3 * ntw + 1] = lam
+        # ---- event rate over the last min(rows + 1, RK - 1) updates
+        rpos = ints[_I_RPOS]
+        ts_ring[rpos] = ts[i]
+        cnt_r = min(rows + 1, RK - 1)
+        t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
+        ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
+        # ---- outputs of row i
+        _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, out)
+        o = 12
+        for w in range(nf):
+            md = sums[s_dep + w] / min(rows + 1, flow_w[w])
+            out[i, o] = sums[w] / md if md > 0 else 0.0
+            o += 1
+        for w in range(nf):
+            cnt_w = min(rows + 1, flow_w[w])
+            for g in range(nag):
+                j = s_ag + 2 * nag * w + 2 * g
+                ad = sums[j + 1] / (cnt_w * 2.0 * agg_lv[g])  # mean per-level depth
+                out[i, o_ag + nag * w + g] = sums[j] / ad if ad > 0 else 0.0
+        o = o_ag + nf * nag
+        md = sums[s_mld] / min(rows + 1, mlofi_k)
+        if md > 0:
+            for m in range(levels):
+                out[i, o + m] = sums[s_ml + m] / md
+        else:
+            for m in range(levels):
+                out[i, o + m] = 0.0
+        for c in range(n_tr):
+            out[i, o_tr + c] = trade_out[c]
+        o = o_tr + n_tr
+        out[i, o] = _log1p_us(ts[i] - ints[_I_LAST_TS])
+        out[i, o + 1] = _log1p_us(ts[i] - ints[_I_LAST_TRADE_TS])
+        out[i, o + 2] = _log1p_us(ts[i] - ints[_I_LAST_MID_TS])
+        span = ts[i] - t_first
+        out[i, o + 3] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
+        out[i, o + 4] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
+        o += 5
+        for w in range(nd):
+            k = drift_w[w]
+            back = k if rows >= k else rows
+            out[i, o] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
+            out[i, o + 1] = sums[s_chg + w]
+            o += 2
+        out[i, o] = _log1p_nb(rows)
+        ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
+        ints[_I_ROWS] = rows + 1
+        ints[_I_LAST_TS] = ts[i]
+        ints[_I_LAST_U] = u
     return 0
 
 
@@ -848,9 +844,10 @@ def snapshot_features(
     """Features of one chunk, ``[n, len(feature_names(cfg))]`` float64, and the state to pass
     with the next chunk (``state`` None: the start of a quarter). The chunk's rows must be
     time-ordered and every row must have a best bid and ask, not crossed (FxDataError names
-    the first row that is not). ``out``: a C-contiguous float64 ``[F, n]`` (feature-major)
-    array to write into, reused from chunk to chunk (a fresh output per chunk page-faults
-    every page again); the result is its transpose ``out.T``."""
+    the first row that is not). ``out``: a float64 ``[n, F]`` array to write into (the
+    result is ``out``), reused from chunk to chunk (a fresh output per chunk page-faults every
+    page again); its rows may be strided (each row's F values contiguous), so the caller's
+    wider row-major block, ``block[:, :F]``, is written in place without a copy."""
     n, lv = len(book), cfg.levels
     for name in ("breaks", "action", "side", "size"):
         if getattr(book, name).shape != (n,):
@@ -873,10 +870,18 @@ def snapshot_features(
     st = new_state(cfg) if state is None else state
     nf = len(feature_names(cfg))
     if out is None:
-        out = np.empty((nf, n))
-    elif out.shape != (nf, n) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        out = np.empty((n, nf))
+    elif (
+        out.ndim != 2
+        or out.shape != (n, nf)
+        or out.dtype != np.float64
+        or not out.flags.writeable
+        or (nf > 1 and out.strides[1] != 8)
+        or (n > 1 and out.strides[0] < 8 * nf)
+    ):
         raise FxDataError(
-            f"snapshot chunk: out is {out.dtype} {out.shape}, want C-contiguous float64 [{nf}, {n}]"
+            f"snapshot chunk: out is {out.dtype} {out.shape} strides {out.strides}, want float64 "
+            f"[{n}, {nf}] with contiguous rows"
         )
     _snapshot_nb(
         np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
@@ -890,7 +895,7 @@ def snapshot_features(
         st.ints, st.prev, st.ofi_ring, st.dep_ring, st.sums, st.trade_ring, st.mid_ring, st.chg_ring,
         st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, st.agg_ring, out,
     )  # fmt: skip
-    return out.T, st
+    return out, st
 
 
 def last_closed_bar(close_rows: npt.ArrayLike, n_rows: int, row0: int = 0) -> npt.NDArray[np.int64]:

@@ -386,6 +386,9 @@ def iter_snapshot_rows(
     # Output blocks reused from chunk to chunk (a fresh block per chunk would fault in every
     # page again): a yielded chunk is valid until the next one is requested.
     chunk_cap = int(idx_buf.shape[0])
+    nf = len(feature_names(cfg))
+    npg = len(BAR_PROGRESS_NAMES)
+    width = nf + npg + plan.bar_values.shape[1]
     out_block = np.empty((0, 0))
     out_prices = np.empty((0, len(SNAPSHOT_PRICE_COLUMNS)))
     for lo in range(0, ts.shape[0], chunk):
@@ -425,20 +428,17 @@ def iter_snapshot_rows(
             size=c["size"][idx].astype(np.float64), bid_px=mats[0], ask_px=mats[1], bid_sz=mats[2],
             ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
         )  # fmt: skip
-        feats, st = snapshot_features(snap, cfg, st)
+        # one row-major block per chunk: the scan's columns (written there by the scan), the
+        # bar progress, then the bar context (the bar features of each row's last closed bar,
+        # gathered straight into place)
+        if out_block.shape[0] < m or out_block.shape[1] != width:
+            out_block = np.empty((max(m, chunk_cap), width))
+            out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
+        block, prices = out_block[:m], out_prices[:m]
+        _, st = snapshot_features(snap, cfg, st, out=block[:, :nf])
         keep, jj = plan.context(row0, m)
         n_keep = int(np.count_nonzero(keep))
         if n_keep:
-            # one row-major block per chunk: the scan's columns, the bar progress, then the bar
-            # context (the bar features of each row's last closed bar, gathered straight into place)
-            nf = feats.shape[1]
-            npg = len(BAR_PROGRESS_NAMES)
-            width = nf + npg + plan.bar_values.shape[1]
-            if out_block.shape[0] < m or out_block.shape[1] != width:
-                out_block = np.empty((max(m, chunk_cap), width))
-                out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
-            block, prices = out_block[:m], out_prices[:m]
-            block[:, :nf] = feats
             vol = tvol.upto(o_ts, vol_buf[:m])  # trades with ts_recv <= the row's
             block[:, nf : nf + npg] = bar_progress(
                 vol - plan.close_vol[jj], plan.bar_volume[jj], o_ts - plan.bar_ts_close[jj],

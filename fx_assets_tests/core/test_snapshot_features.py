@@ -323,13 +323,22 @@ def test_fast_kernel_is_bit_identical_to_the_reference(tick: float) -> None:
 
 
 def test_out_buffer_is_written_in_place() -> None:
+    """``out`` is written in place: a row-major buffer, or the first F columns of a wider
+    row-major block (the caller's fxcache block), leaving the other columns alone."""
     book = make_book(300, seed=9)
     want, _ = snapshot_features(book, CFG)
-    buf = np.full((len(feature_names(CFG)), 300), np.nan)
+    nf = len(feature_names(CFG))
+    buf = np.full((300, nf), np.nan)
     got, _ = snapshot_features(book, CFG, out=buf)
     assert np.shares_memory(got, buf) and got.tobytes() == want.tobytes()
+    wide = np.full((300, nf + 5), -7.0)
+    got, _ = snapshot_features(book, CFG, out=wide[:, :nf])
+    assert np.shares_memory(got, wide) and got.tobytes() == want.tobytes()
+    assert (wide[:, nf:] == -7.0).all()
     with pytest.raises(FxDataError, match="out is"):
         snapshot_features(book, CFG, out=np.empty((3, 300)))
+    with pytest.raises(FxDataError, match="out is"):  # feature-major: rows not contiguous
+        snapshot_features(book, CFG, out=np.empty((nf, 300)).T)
 
 
 def test_docs_table_is_the_registry() -> None:
