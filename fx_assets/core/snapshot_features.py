@@ -794,8 +794,9 @@ def _snapshot_nb(
             cnt_w = min(rows + 1, flow_w[w])
             for g in range(nag):
                 j = s_ag + 2 * nag * w + 2 * g
-                ad = sums[j + 1] / (cnt_w * 2.0 * agg_lv[g])  # mean per-level depth
-                out[i, o_ag + nag * w + g] = sums[j] / ad if ad > 0 else 0.0
+                # Σ e / (Σ depth / (2 L · updates)): the mean per-level depth, one division
+                dq = sums[j + 1]
+                out[i, o_ag + nag * w + g] = sums[j] * (cnt_w * 2.0 * agg_lv[g]) / dq if dq > 0 else 0.0
         o = o_ag + nf * nag
         md = sums[s_mld] / min(rows + 1, mlofi_k)
         if md > 0:
