@@ -362,8 +362,9 @@ class SnapshotState:
     ts_ring: I64  # [rate_window + 1]
     vpin_ring: F64  # [vpin_buckets] |B - S| / V of full buckets
     vpin_cur: F64  # [3]: buy, sell, volume of the open bucket
-    # [2, 4, levels]: per side, the slope loop's acc, cum, v, p after each level of the previous
-    # update's book, so an update that leaves the first k levels (and the mid) alone resumes there
+    # [2, 5, levels]: per side, the slope loop's acc, cum, v, p and the level's term after each
+    # level of the previous update's book, so an update that leaves the first k levels alone
+    # resumes there (re-adding the cached terms when only the mid moved)
     slope: F64
     trade_out: F64  # [3 * trade windows + 2]: trade-window, VPIN and Kyle outputs of the last trade
     # [R, 2 * len(agg_levels)]: per aggregated depth L, Σ_(m≤L) e^(m) and Σ_(m≤L) (Qb_m + Qa_m)
@@ -419,7 +420,7 @@ def new_state(cfg: SnapshotFeatureConfig) -> SnapshotState:
         ts_ring=np.zeros(cfg.rate_window + 1, dtype=np.int64),
         vpin_ring=np.zeros(cfg.vpin_buckets),
         vpin_cur=np.zeros(3),
-        slope=np.zeros((2, 4, cfg.levels)),
+        slope=np.zeros((2, 5, cfg.levels)),
         trade_out=np.zeros(3 * len(cfg.trade_windows) + 2),
         agg_ring=np.zeros((r, 2 * len(agg_levels(cfg)))),
     )
@@ -464,10 +465,13 @@ def _per_tick(x: float, tick: float, inv_tick: float) -> float:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid):
+def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, midch, nvalid):
     """``ofi._side_slope_nb`` of row ``i``, resumed at level ``j`` from the loop state the
-    previous update left in ``cache[side]`` (levels < j unchanged, and the mid unchanged unless
-    j is 0): the same operations on the same values in the same order, so the same bits.
+    previous update left in ``cache[side]`` (levels < j of this side unchanged): the same
+    operations on the same values in the same order, so the same bits. If the mid moved
+    (``midch``), only level 0's term (its distance to the mid) is new: the cached terms of
+    levels 1 .. j-1 are added again in order, without their logs and divisions. A term that is
+    not added is stored as +0.0, and adding +0.0 changes no sum here (the sum is never -0.0).
     Returns (slope, levels processed)."""
     j = min(j, nvalid)
     if j == 0:
@@ -476,6 +480,25 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
         cum = 0.0
         prev_v = 0.0
         prev_p = 0.0
+    elif midch:
+        d = _per_tick(abs(cache[side, 3, 0] - mid), tick, inv_tick)
+        v = cache[side, 2, 0]
+        t = 0.0
+        if d == 0.5:
+            t = v * 2.0
+        elif d > 0.0:
+            t = v / d
+        acc = 0.0
+        acc += t
+        cache[side, 4, 0] = t
+        cache[side, 0, 0] = acc
+        for k in range(1, j):
+            acc += cache[side, 4, k]
+            cache[side, 0, k] = acc
+        n = j
+        cum = cache[side, 1, j - 1]
+        prev_v = cache[side, 2, j - 1]
+        prev_p = cache[side, 3, j - 1]
     else:
         n = j
         acc = cache[side, 0, j - 1]
@@ -490,19 +513,22 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
         v = _log1p_nb(cum)
         # the usual distances, half a tick to the mid and one tick between levels, need no
         # division: v / 0.5 is v * 2 and x / 1 is x, exactly (the same bits)
+        t = 0.0
         if k == 0:
             d = _per_tick(abs(p - mid), tick, inv_tick)
             if d == 0.5:
-                acc += v * 2.0
+                t = v * 2.0
             elif d > 0.0:
-                acc += v / d
+                t = v / d
         else:
             d = _per_tick(abs(p - prev_p), tick, inv_tick)
             if d > 0.0 and prev_v > 0.0:
                 x = v / prev_v - 1.0
-                acc += x if d == 1.0 else x / d
+                t = x if d == 1.0 else x / d
+        acc += t
         prev_v = v
         prev_p = p
+        cache[side, 4, k] = t
         cache[side, 0, k] = acc
         cache[side, 1, k] = cum
         cache[side, 2, k] = v
@@ -514,7 +540,7 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, out):
+def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out):
     """``ofi._book_state_nb`` of row ``i`` into ``out[i, 0:12]`` (the same formulas, operation
     for operation), with the slopes resumed where the book did not change."""
     pb = bpx[i, 0]
@@ -563,8 +589,8 @@ def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slo
     out[i, 2] = _ratio(numl, denl)
     out[i, 3] = 0.5 * i1 if s > 0.0 else 0.0
     out[i, 4] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
-    bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, ints[_I_SLOPE_NB])
-    asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, ints[_I_SLOPE_NA])
+    bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, midch, ints[_I_SLOPE_NB])
+    asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, midch, ints[_I_SLOPE_NA])
     ints[_I_SLOPE_NB] = nb
     ints[_I_SLOPE_NA] = na
     out[i, 5] = bsl
@@ -637,7 +663,8 @@ def _snapshot_nb(
         rows = ints[_I_ROWS]
         # ---- per-level OFI of this update (0 on the first row after a break); the first
         # level that differs from the previous update, per side, for the slopes
-        jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
+        midch = rows > 0 and bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0]
+        jb = 0 if rows == 0 else levels
         ja = jb
         pos = ints[_I_POS]
         ce = 0.0  # Σ e^(m) and Σ (Qb_m + Qa_m) over the levels so far (integers: exact)
@@ -784,7 +811,9 @@ def _snapshot_nb(
         t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
         ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
         # ---- outputs of row i
-        _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, out)
+        _book_state_row(
+            bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out
+        )
         o = 12
         for w in range(nf):
             md = sums[s_dep + w] / min(rows + 1, flow_w[w])

@@ -246,11 +246,13 @@ def test_log1p_table_is_libm_log1p() -> None:
 
 
 def make_sparse_book(
-    n: int, seed: int = 0, tick: float = TICK, breaks_at: tuple[int, ...] = (700,)
+    n: int, seed: int = 0, tick: float = TICK, breaks_at: tuple[int, ...] = (700,), one_sided: float = 0.0
 ) -> SnapshotBook:
     """A stream like real MBP-10 records: most updates change one level of one side (a size, a
     count, a level emptied or refilled), some move the best price (the whole side shifts), some
-    repeat the book unchanged (trades), a few leave deep levels missing."""
+    repeat the book unchanged (trades), a few leave deep levels missing. ``one_sided``: the
+    share of updates where only the ask side moves (the mid moves, the bid side is unchanged
+    or changes at a deeper level only)."""
     rng = np.random.default_rng(seed)
     bid_px = np.empty((n, 10))
     ask_px = np.empty((n, 10))
@@ -270,6 +272,12 @@ def make_sparse_book(
             cur_a = bid + tick * spread + tick * lv
             cur[0][:] = np.roll(cur[0], 1)
             cur[1][:] = np.roll(cur[1], -1)
+        elif u < 0.1 + one_sided:  # only the ask side moves (the spread changes)
+            spread = max(1, spread + int(rng.choice([-1, 1])))
+            cur_a = bid + tick * spread + tick * lv
+            cur[1][:] = np.roll(cur[1], -1)
+            if rng.random() < 0.5:  # and one deeper bid level changes size
+                cur[0][int(rng.integers(1, 10))] = float(rng.integers(1, 80))
         elif u < 0.75:  # one level of one side changes
             k = int(rng.integers(0, 10))
             s = int(rng.integers(0, 2))
@@ -308,7 +316,8 @@ def test_fast_kernel_is_bit_identical_to_the_reference(tick: float) -> None:
         names = feature_names(cfg)
         old = [names.index(c) for c in ref.old_feature_names(cfg)]  # the columns the reference has
         assert len(old) == len(names) - 2 * len(cfg.flow_windows)
-        for book in (make_sparse_book(3000, seed=7, tick=tick), dense):
+        one_sided = make_sparse_book(3000, seed=8, tick=tick, one_sided=0.2)
+        for book in (make_sparse_book(3000, seed=7, tick=tick), one_sided, dense):
             want, _ = ref.snapshot_features(book, cfg)
             got, _ = snapshot_features(book, cfg)
             np.testing.assert_array_equal(got[:, old], want)
