@@ -264,7 +264,7 @@ def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> 
     cfg = SnapshotFeatureConfig()
     st = None
     nf = len(feature_names(cfg))
-    out_buf = np.empty(nf * chunk) if impl == "current" else None  # reused: [F, n] views of it
+    out_buf = np.empty(nf * chunk) if impl == "current" else None  # reused: [n, F] views of it
     gw = gc = sw = sc = 0.0
     n = len(inp)
     check = 0.0
@@ -276,7 +276,7 @@ def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> 
             c1, t1 = cpu_seconds(), time.perf_counter()
             if out_buf is not None:
                 out, st = mod.snapshot_features(
-                    book, cfg, st, out=out_buf[: nf * (hi - lo)].reshape(nf, hi - lo)
+                    book, cfg, st, out=out_buf[: nf * (hi - lo)].reshape(hi - lo, nf)
                 )
             else:
                 out, st = mod.snapshot_features(book, cfg, st)

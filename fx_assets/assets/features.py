@@ -279,6 +279,7 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
                     io.cfg.fxcache.dtype,
                     bytes.fromhex(key),
                     meta,
+                    trades=io.sidecar("trades", part.quarter).path,  # the bars' trades: bar progress
                     partition=part.label,
                 ),
             )

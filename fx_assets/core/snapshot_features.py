@@ -19,6 +19,10 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
 - ``ofi_k{K}``: best-level order-flow imbalance (Cont–Kukanov–Stoikov event form, e of each
   update against the previous one) summed over the last K updates, divided by the mean best
   depth (Q_b1 + Q_a1) / 2 over the same updates;
+- ``mlofi_1to{L}_k{K}`` (L = 5 and 10, capped at ``levels``): the level terms e^(m) of
+  ``mlofi_l{m}`` summed over levels 1..L and over the last K updates (each flow window),
+  divided by the mean per-level depth Σ_(m≤L) (Q_bm + Q_am) / (2L) over the same updates
+  (Xu–Gould–Howison's multi-level OFI, aggregated over levels);
 - ``mlofi_l{m}``: the same at level m (1..levels, by rank; a missing level is price ∓∞, size 0)
   over the last ``mlofi_window`` updates;
 - ``tsv_k{K}``, ``timb_k{K}``, ``tcnt_k{K}``: over the last K trades, signed volume
@@ -37,6 +41,12 @@ Columns (``feature_names(cfg)``; each with its formula and unit in
   last K updates;
 - ``log_rows_since_break``: log1p of the updates since the last break.
 
+The registry also documents the bar progress columns (:data:`BAR_PROGRESS_NAMES`, computed by
+:func:`bar_progress` in ``snapshot_rows``, which knows the bars): how far the still-open bar
+has got since the last closed bar's close (its trade volume over the closed bar's volume, the
+time since the close, raw and over the closed bar's duration). ``docs/snapshot-features.md``
+is the registry as a table (:func:`snapshot_feature_table`; a test keeps the two equal).
+
 Integer quantities (sizes, OFI terms, half-tick mids) are summed in float64 running sums, which
 stay exact (integers below 2^53), so a long quarter does not drift.
 
@@ -45,8 +55,10 @@ Speed (``benchmarks/bench_snapshot.py``), each step giving the same bits as a pl
 the book slopes resume at the first level (per side) that differs from the previous update
 (most updates change one level), the trade-window, VPIN and Kyle outputs are computed on trade
 rows only and repeated between them, divisions by a power-of-two tick are products, ``log1p``
-of a zero clock is not called, and rows are built in a small in-cache block copied to ``out``
-(a caller-owned buffer reused from chunk to chunk) a block at a time.
+of a zero clock is not called, the slopes' usual distances (half a tick to the mid, one tick
+between levels) are not divided by, and each row is written once, straight into ``out`` (row
+major: a caller-owned buffer reused from chunk to chunk, or the first columns of the caller's
+fxcache block, so ``snapshot_rows`` copies nothing).
 """
 
 from __future__ import annotations
@@ -96,11 +108,17 @@ class SnapshotFeatureConfig(ConfigModel):
         return v
 
 
+def agg_levels(cfg: SnapshotFeatureConfig) -> list[int]:
+    """Depths L of the level-aggregated OFI columns: 5 and 10, capped at ``cfg.levels``."""
+    return sorted({min(5, cfg.levels), cfg.levels})
+
+
 def feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
     """Output columns, in order (see the module docstring)."""
     return [
         *(f"book_{c}" for c in _BOOK_STATE_COLS),
         *(f"ofi_k{k}" for k in cfg.flow_windows),
+        *(f"mlofi_1to{lv}_k{k}" for k in cfg.flow_windows for lv in agg_levels(cfg)),
         *(f"mlofi_l{m + 1}" for m in range(cfg.levels)),
         *(f"{p}_k{k}" for k in cfg.trade_windows for p in ("tsv", "timb", "tcnt")),
         "vpin",
@@ -113,6 +131,11 @@ def feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
         *(f"{p}_k{k}" for k in cfg.drift_windows for p in ("drift", "midchg")),
         "log_rows_since_break",
     ]
+
+
+# Bar progress: how far the current, still-open bar has got, from the last closed bar
+# (joined in ``snapshot_rows`` beside the bar context; :func:`bar_progress`).
+BAR_PROGRESS_NAMES = ("bar_prog_volume", "bar_prog_log_time", "log_dt_bar_us")
 
 
 @dataclass(frozen=True)
@@ -148,6 +171,19 @@ def snapshot_feature_registry(cfg: SnapshotFeatureConfig | None = None) -> dict[
             f"last {k} updates",
         )
         for k in c.flow_windows
+    ]
+    reg += [
+        S(
+            f"mlofi_1to{lv}_k{k}",
+            f"Σ_(m≤{lv}) e^(m)_n summed over the last K updates (e^(m) the level-m CKS term of "
+            f"mlofi_l<m>) / mean over them of the per-level depth Σ_(m≤{lv}) (Qb_m + Qa_m) / (2·{lv}) "
+            "(Xu–Gould–Howison multi-level OFI aggregated over levels; missing levels size 0); 0 "
+            "without depth",
+            "mean per-level depths",
+            f"last {k} updates",
+        )
+        for k in c.flow_windows
+        for lv in agg_levels(c)
     ]
     reg += [
         S(
@@ -233,8 +269,56 @@ def snapshot_feature_registry(cfg: SnapshotFeatureConfig | None = None) -> dict[
     reg.append(
         S("log_rows_since_break", "log1p(updates since the last break)", "log count", "since the break")
     )
+    reg += [
+        S(
+            "bar_prog_volume",
+            "volume of the active contract's trades (the trades the bars are built from) with "
+            "ts_recv ≤ this update's and > the last closed bar's ts_close / that bar's volume",
+            "bars' volume (for volume bars ≈ volume / threshold)",
+            "since the last closed bar",
+        ),
+        S(
+            "bar_prog_log_time",
+            "log1p(µs from the last closed bar's ts_close to this update) − log1p(that bar's duration in µs)",
+            "log ratio",
+            "since the last closed bar",
+        ),
+        S(
+            "log_dt_bar_us",
+            "log1p(µs from the last closed bar's ts_close to this update)",
+            "log µs",
+            "since the last closed bar",
+        ),
+    ]
     out = {r.name: r for r in reg}
-    assert list(out) == feature_names(c), "registry and kernel columns differ"
+    assert list(out) == [*feature_names(c), *BAR_PROGRESS_NAMES], "registry and kernel columns differ"
+    return out
+
+
+def snapshot_feature_table(cfg: SnapshotFeatureConfig | None = None) -> str:
+    """The registry as the markdown table of ``docs/snapshot-features.md``."""
+    rows = ["| column | formula | unit | reads |", "|---|---|---|---|"]
+    for r in snapshot_feature_registry(cfg).values():
+        cells = (f"`{r.name}`", r.description, r.unit, r.window)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def bar_progress(vol_since: F64, bar_volume: F64, elapsed_ns: I64, bar_duration_ns: I64) -> F64:
+    """The :data:`BAR_PROGRESS_NAMES` columns, ``[n, 3]``, of rows whose last closed bar had
+    ``bar_volume`` (contracts) and ``bar_duration_ns``, from the trade volume since its close
+    (``vol_since``, contracts; trades at the close's own ts_recv count with the closed bar) and
+    the ns since its ``ts_close`` (>= 0: the bar closed before the row; negatives, which only
+    rows that are dropped for want of a closed bar can have, are clipped to 0)."""
+    v = np.maximum(np.asarray(vol_since, dtype=np.float64), 0.0)
+    bv = np.asarray(bar_volume, dtype=np.float64)
+    el_us = np.maximum(np.asarray(elapsed_ns, dtype=np.float64), 0.0) / 1e3
+    du_us = np.maximum(np.asarray(bar_duration_ns, dtype=np.float64), 0.0) / 1e3
+    out = np.empty((v.shape[0], len(BAR_PROGRESS_NAMES)))
+    np.divide(v, bv, out=out[:, 0], where=bv > 0)
+    out[bv <= 0, 0] = 0.0
+    np.log1p(el_us, out=out[:, 2])
+    out[:, 1] = out[:, 2] - np.log1p(du_us)
     return out
 
 
@@ -278,10 +362,14 @@ class SnapshotState:
     ts_ring: I64  # [rate_window + 1]
     vpin_ring: F64  # [vpin_buckets] |B - S| / V of full buckets
     vpin_cur: F64  # [3]: buy, sell, volume of the open bucket
-    # [2, 4, levels]: per side, the slope loop's acc, cum, v, p after each level of the previous
-    # update's book, so an update that leaves the first k levels (and the mid) alone resumes there
+    # [2, 5, levels]: per side, the slope loop's acc, cum, v, p and the level's term after each
+    # level of the previous update's book, so an update that leaves the first k levels alone
+    # resumes there (re-adding the cached terms when only the mid moved)
     slope: F64
     trade_out: F64  # [3 * trade windows + 2]: trade-window, VPIN and Kyle outputs of the last trade
+    # [R, 2 * len(agg_levels)]: per aggregated depth L, Σ_(m≤L) e^(m) and Σ_(m≤L) (Qb_m + Qa_m)
+    # of the last R updates
+    agg_ring: F64
 
 
 # integer state slots
@@ -301,7 +389,8 @@ def _sizes(cfg: SnapshotFeatureConfig) -> tuple[int, int, int]:
 
 def _n_sums(cfg: SnapshotFeatureConfig) -> int:
     # ofi + depth per flow window, mlofi per level + its depth, 3 per trade window, 5 Kyle sums,
-    # mid changes per drift window, vpin sum
+    # mid changes per drift window, vpin sum, then (aggregated OFI, its depth) per flow window
+    # and aggregated depth L
     return (
         2 * len(cfg.flow_windows)
         + cfg.levels
@@ -310,6 +399,7 @@ def _n_sums(cfg: SnapshotFeatureConfig) -> int:
         + 5
         + len(cfg.drift_windows)
         + 1
+        + 2 * len(cfg.flow_windows) * len(agg_levels(cfg))
     )
 
 
@@ -330,8 +420,9 @@ def new_state(cfg: SnapshotFeatureConfig) -> SnapshotState:
         ts_ring=np.zeros(cfg.rate_window + 1, dtype=np.int64),
         vpin_ring=np.zeros(cfg.vpin_buckets),
         vpin_cur=np.zeros(3),
-        slope=np.zeros((2, 4, cfg.levels)),
+        slope=np.zeros((2, 5, cfg.levels)),
         trade_out=np.zeros(3 * len(cfg.trade_windows) + 2),
+        agg_ring=np.zeros((r, 2 * len(agg_levels(cfg)))),
     )
 
 
@@ -374,10 +465,13 @@ def _per_tick(x: float, tick: float, inv_tick: float) -> float:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid):
+def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, midch, nvalid):
     """``ofi._side_slope_nb`` of row ``i``, resumed at level ``j`` from the loop state the
-    previous update left in ``cache[side]`` (levels < j unchanged, and the mid unchanged unless
-    j is 0): the same operations on the same values in the same order, so the same bits.
+    previous update left in ``cache[side]`` (levels < j of this side unchanged): the same
+    operations on the same values in the same order, so the same bits. If the mid moved
+    (``midch``), only level 0's term (its distance to the mid) is new: the cached terms of
+    levels 1 .. j-1 are added again in order, without their logs and divisions. A term that is
+    not added is stored as +0.0, and adding +0.0 changes no sum here (the sum is never -0.0).
     Returns (slope, levels processed)."""
     j = min(j, nvalid)
     if j == 0:
@@ -386,6 +480,25 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
         cum = 0.0
         prev_v = 0.0
         prev_p = 0.0
+    elif midch:
+        d = _per_tick(abs(cache[side, 3, 0] - mid), tick, inv_tick)
+        v = cache[side, 2, 0]
+        t = 0.0
+        if d == 0.5:
+            t = v * 2.0
+        elif d > 0.0:
+            t = v / d
+        acc = 0.0
+        acc += t
+        cache[side, 4, 0] = t
+        cache[side, 0, 0] = acc
+        for k in range(1, j):
+            acc += cache[side, 4, k]
+            cache[side, 0, k] = acc
+        n = j
+        cum = cache[side, 1, j - 1]
+        prev_v = cache[side, 2, j - 1]
+        prev_p = cache[side, 3, j - 1]
     else:
         n = j
         acc = cache[side, 0, j - 1]
@@ -398,16 +511,24 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
             break
         cum += sz[i, k]
         v = _log1p_nb(cum)
+        # the usual distances, half a tick to the mid and one tick between levels, need no
+        # division: v / 0.5 is v * 2 and x / 1 is x, exactly (the same bits)
+        t = 0.0
         if k == 0:
             d = _per_tick(abs(p - mid), tick, inv_tick)
-            if d > 0.0:
-                acc += v / d
+            if d == 0.5:
+                t = v * 2.0
+            elif d > 0.0:
+                t = v / d
         else:
             d = _per_tick(abs(p - prev_p), tick, inv_tick)
             if d > 0.0 and prev_v > 0.0:
-                acc += (v / prev_v - 1.0) / d
+                x = v / prev_v - 1.0
+                t = x if d == 1.0 else x / d
+        acc += t
         prev_v = v
         prev_p = p
+        cache[side, 4, k] = t
         cache[side, 0, k] = acc
         cache[side, 1, k] = cum
         cache[side, 2, k] = v
@@ -419,8 +540,8 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, nvalid
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r):
-    """``ofi._book_state_nb`` of row ``i`` into ``blk[0:12, r]`` (the same formulas, operation
+def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out):
+    """``ofi._book_state_nb`` of row ``i`` into ``out[i, 0:12]`` (the same formulas, operation
     for operation), with the slopes resumed where the book did not change."""
     pb = bpx[i, 0]
     pa = apx[i, 0]
@@ -463,24 +584,24 @@ def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slo
             sa += va
             da += va * (a - mid)
             com += va * (a - mid)
-    blk[0, r] = i1
-    blk[1, r] = _ratio(num5, den5)
-    blk[2, r] = _ratio(numl, denl)
-    blk[3, r] = 0.5 * i1 if s > 0.0 else 0.0
-    blk[4, r] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
-    bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, ints[_I_SLOPE_NB])
-    asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, ints[_I_SLOPE_NA])
+    out[i, 0] = i1
+    out[i, 1] = _ratio(num5, den5)
+    out[i, 2] = _ratio(numl, denl)
+    out[i, 3] = 0.5 * i1 if s > 0.0 else 0.0
+    out[i, 4] = _per_tick(i1 * (0.5 * s), tick, inv_tick)
+    bsl, nb = _slope_resume(bpx, bsz, i, levels, mid, tick, inv_tick, slope, 0, jb, midch, ints[_I_SLOPE_NB])
+    asl, na = _slope_resume(apx, asz, i, levels, mid, tick, inv_tick, slope, 1, ja, midch, ints[_I_SLOPE_NA])
     ints[_I_SLOPE_NB] = nb
     ints[_I_SLOPE_NA] = na
-    blk[5, r] = bsl
-    blk[6, r] = asl
-    blk[7, r] = _ratio(bsl - asl, bsl + asl)
+    out[i, 5] = bsl
+    out[i, 6] = asl
+    out[i, 7] = _ratio(bsl - asl, bsl + asl)
     dbm = _ratio(db, sb)
     dam = _ratio(da, sa)
-    blk[8, r] = _ratio(dam - dbm, dam + dbm)
-    blk[9, r] = _per_tick(-_ratio(com, sb + sa), tick, inv_tick)
-    blk[10, r] = _per_tick(s, tick, inv_tick)
-    blk[11, r] = _ratio(ctn, ctd)
+    out[i, 8] = _ratio(dam - dbm, dam + dbm)
+    out[i, 9] = _per_tick(-_ratio(com, sb + sa), tick, inv_tick)
+    out[i, 10] = _per_tick(s, tick, inv_tick)
+    out[i, 11] = _ratio(ctn, ctd)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -492,25 +613,20 @@ def _log1p_us(dt_ns: int) -> float:
     return math.log1p(dt_ns / 1e3)
 
 
-_BLOCK = 64  # rows per output block (in cache), copied to the output a block at a time
-
-
 @njit(cache=True, nogil=True)
 def _snapshot_nb(
     ts, brk, action, side, size, bpx, apx, bsz, asz, bct, act,
-    levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w,
+    levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w, agg_lv,
     ints, prev, ofi_ring, dep_ring, sums, trade_ring, mid_ring, chg_ring, ts_ring, vpin_ring, vpin_cur,
-    slope, trade_out, out,
+    slope, trade_out, agg_ring, out,
 ):  # fmt: skip
-    """The scan over one chunk; ``out`` is [F, n] (feature-major). Rings are one longer than
-    their longest window, so the value leaving window k is always ``ring[(pos - k) % size]``.
-
-    Rows are computed into a small feature-major block that stays in cache, copied into ``out``
-    a block at a time (whole cache lines per feature). The trade outputs change only on trade rows: computed there,
+    """The scan over one chunk; ``out`` is [n, F] (row-major; rows may be strided, each row's
+    values contiguous), written row by row: one row is a few whole cache lines, written once.
+    Rings are one longer than their longest window, so the value leaving window k is always
+    ``ring[(pos - k) % size]``. The trade outputs change only on trade rows: computed there,
     kept in ``trade_out`` and repeated on the rows between (the same values a recomputation from
     the unchanged sums gives)."""
     n = ts.shape[0]
-    nfeat = out.shape[0]
     R = ofi_ring.shape[0]
     T = trade_ring.shape[0]
     D = mid_ring.shape[0]
@@ -525,199 +641,220 @@ def _snapshot_nb(
     s_ky = s_tr + 3 * ntw
     s_chg = s_ky + 5
     s_vp = s_chg + nd
-    o_tr = 12 + nf + levels  # first trade output column
+    s_ag = s_vp + 1  # (Σ e, Σ depth) per flow window and aggregated depth
+    nag = agg_lv.shape[0]
+    o_ag = 12 + nf  # first aggregated-OFI output column
+    o_tr = 12 + nf + nf * nag + levels  # first trade output column
     n_tr = 3 * ntw + 2
-    blk = np.empty((nfeat, _BLOCK))
-    for b0 in range(0, n, _BLOCK):
-        b1 = min(b0 + _BLOCK, n)
-        for i in range(b0, b1):
-            r = i - b0
-            u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
-            # ---- a break resets every window, clock and the previous book
-            if brk[i] != ints[_I_BREAK]:
-                ints[:] = 0
-                ints[_I_BREAK] = brk[i]
-                sums[:] = 0.0
-                vpin_cur[:] = 0.0
-                trade_out[:] = 0.0
-                ints[_I_LAST_TS] = ts[i]
-                ints[_I_LAST_TRADE_TS] = ts[i]
-                ints[_I_LAST_MID_TS] = ts[i]
-                ints[_I_LAST_U] = u
-                ints[_I_TRADE_U] = u
-            rows = ints[_I_ROWS]
-            # ---- per-level OFI of this update (0 on the first row after a break); the first
-            # level that differs from the previous update, per side, for the slopes
-            jb = 0 if rows == 0 or bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0] else levels
-            ja = jb
-            pos = ints[_I_POS]
-            for m in range(levels):
-                b = _px(bpx[i, m], True)
-                a = _px(apx[i, m], False)
-                qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
-                qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
-                if m < jb and (b != prev[0, m] or qb != prev[2, m]):
-                    jb = m
-                if m < ja and (a != prev[1, m] or qa != prev[3, m]):
-                    ja = m
-                e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
-                ofi_ring[pos, m] = e
-                if m == 0:
-                    for w in range(nf):
-                        if rows >= flow_w[w]:
-                            sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
-                        sums[w] += e
-                if rows >= mlofi_k:
-                    sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
-                sums[s_ml + m] += e
-                prev[0, m] = b
-                prev[1, m] = a
-                prev[2, m] = qb
-                prev[3, m] = qa
-            dep = 0.5 * (prev[2, 0] + prev[3, 0])
-            dep_ring[pos] = dep
-            for w in range(nf):
-                if rows >= flow_w[w]:
-                    sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
-                sums[s_dep + w] += dep
-            if rows >= mlofi_k:
-                sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
-            sums[s_mld] += dep
-            ints[_I_POS] = pos + 1 if pos + 1 < R else 0
-            # ---- mid changes
-            dpos = ints[_I_DPOS]
-            changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
-            chg_ring[dpos] = changed
-            mid_ring[dpos] = u
-            for w in range(nd):
-                if rows >= drift_w[w]:
-                    sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
-                sums[s_chg + w] += changed
-            if changed:
-                ints[_I_LAST_MID_TS] = ts[i]
-            # ---- trades
-            if action[i] == TRADE:
-                v = size[i]
-                sg = float(side[i])
-                tpos = ints[_I_TPOS]
-                nt = ints[_I_TRADES]
-                dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
-                trade_ring[tpos, 0] = sg * v
-                trade_ring[tpos, 1] = v
-                trade_ring[tpos, 2] = sg
-                trade_ring[tpos, 3] = dmid
-                for w in range(ntw):
-                    k = trade_w[w]
-                    for c in range(3):
-                        if nt >= k:
-                            sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
-                        sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
-                # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
-                if nt >= kyle_k:
-                    j = _back(tpos, kyle_k, T)
-                    xo = trade_ring[j, 0]
-                    yo = trade_ring[j, 3]
-                    sums[s_ky] -= 1.0
-                    sums[s_ky + 1] -= xo
-                    sums[s_ky + 2] -= yo
-                    sums[s_ky + 3] -= xo * xo
-                    sums[s_ky + 4] -= xo * yo
-                x = sg * v
-                sums[s_ky] += 1.0
-                sums[s_ky + 1] += x
-                sums[s_ky + 2] += dmid
-                sums[s_ky + 3] += x * x
-                sums[s_ky + 4] += x * dmid
-                ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
-                ints[_I_TRADES] = nt + 1
-                ints[_I_TRADE_U] = u
-                ints[_I_LAST_TRADE_TS] = ts[i]
-                # VPIN: fill volume buckets (a trade may close several)
-                rem = v
-                while rem > 0.0:
-                    room = vb_vol - vpin_cur[2]
-                    take = rem if rem < room else room
-                    if sg > 0:
-                        vpin_cur[0] += take
-                    elif sg < 0:
-                        vpin_cur[1] += take
-                    vpin_cur[2] += take
-                    rem -= take
-                    if vpin_cur[2] >= vb_vol:
-                        bpos = ints[_I_BPOS]
-                        val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
-                        if ints[_I_BUCKETS] >= vb_n:
-                            sums[s_vp] -= vpin_ring[bpos]
-                        vpin_ring[bpos] = val
-                        sums[s_vp] += val
-                        ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
-                        ints[_I_BUCKETS] += 1
-                        vpin_cur[:] = 0.0
-                # the trade outputs, until the next trade
-                nt = ints[_I_TRADES]
-                for w in range(ntw):
-                    cnt = min(nt, trade_w[w])
-                    sv = sums[s_tr + 3 * w]
-                    vol = sums[s_tr + 3 * w + 1]
-                    trade_out[3 * w] = sv
-                    trade_out[3 * w + 1] = sv / vol if vol > 0 else 0.0
-                    trade_out[3 * w + 2] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
-                nb = ints[_I_BUCKETS]
-                trade_out[3 * ntw] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
-                kn = sums[s_ky]
-                lam = 0.0
-                if kn >= 3:
-                    sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
-                    sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
-                    if sxx > 1e-9:
-                        lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
-                trade_out[3 * ntw + 1] = lam
-            # ---- event rate over the last min(rows + 1, RK - 1) updates
-            rpos = ints[_I_RPOS]
-            ts_ring[rpos] = ts[i]
-            cnt_r = min(rows + 1, RK - 1)
-            t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
-            ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
-            # ---- outputs of row i
-            _book_state_row(
-                bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, blk, r
-            )
-            o = 12
-            for w in range(nf):
-                md = sums[s_dep + w] / min(rows + 1, flow_w[w])
-                blk[o, r] = sums[w] / md if md > 0 else 0.0
-                o += 1
-            md = sums[s_mld] / min(rows + 1, mlofi_k)
-            if md > 0:
-                for m in range(levels):
-                    blk[o + m, r] = sums[s_ml + m] / md
-            else:
-                for m in range(levels):
-                    blk[o + m, r] = 0.0
-            for c in range(n_tr):
-                blk[o_tr + c, r] = trade_out[c]
-            o = o_tr + n_tr
-            blk[o, r] = _log1p_us(ts[i] - ints[_I_LAST_TS])
-            blk[o + 1, r] = _log1p_us(ts[i] - ints[_I_LAST_TRADE_TS])
-            blk[o + 2, r] = _log1p_us(ts[i] - ints[_I_LAST_MID_TS])
-            span = ts[i] - t_first
-            blk[o + 3, r] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
-            blk[o + 4, r] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
-            o += 5
-            for w in range(nd):
-                k = drift_w[w]
-                back = k if rows >= k else rows
-                blk[o, r] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
-                blk[o + 1, r] = sums[s_chg + w]
-                o += 2
-            blk[o, r] = _log1p_nb(rows)
-            ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
-            ints[_I_ROWS] = rows + 1
+    for i in range(n):
+        u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
+        # ---- a break resets every window, clock and the previous book
+        if brk[i] != ints[_I_BREAK]:
+            ints[:] = 0
+            ints[_I_BREAK] = brk[i]
+            sums[:] = 0.0
+            vpin_cur[:] = 0.0
+            trade_out[:] = 0.0
             ints[_I_LAST_TS] = ts[i]
+            ints[_I_LAST_TRADE_TS] = ts[i]
+            ints[_I_LAST_MID_TS] = ts[i]
             ints[_I_LAST_U] = u
-        for f in range(nfeat):
-            for r in range(b1 - b0):
-                out[f, b0 + r] = blk[f, r]
+            ints[_I_TRADE_U] = u
+        rows = ints[_I_ROWS]
+        # ---- per-level OFI of this update (0 on the first row after a break); the first
+        # level that differs from the previous update, per side, for the slopes
+        midch = rows > 0 and bpx[i, 0] + apx[i, 0] != prev[0, 0] + prev[1, 0]
+        jb = 0 if rows == 0 else levels
+        ja = jb
+        pos = ints[_I_POS]
+        ce = 0.0  # Σ e^(m) and Σ (Qb_m + Qa_m) over the levels so far (integers: exact)
+        cq = 0.0
+        g = 0
+        for m in range(levels):
+            b = _px(bpx[i, m], True)
+            a = _px(apx[i, m], False)
+            qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
+            qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
+            if m < jb and (b != prev[0, m] or qb != prev[2, m]):
+                jb = m
+            if m < ja and (a != prev[1, m] or qa != prev[3, m]):
+                ja = m
+            e = _cks(b, qb, a, qa, prev[0, m], prev[2, m], prev[1, m], prev[3, m]) if rows > 0 else 0.0
+            ofi_ring[pos, m] = e
+            if m == 0:
+                for w in range(nf):
+                    if rows >= flow_w[w]:
+                        sums[w] -= ofi_ring[_back(pos, flow_w[w], R), 0]
+                    sums[w] += e
+            if rows >= mlofi_k:
+                sums[s_ml + m] -= ofi_ring[_back(pos, mlofi_k, R), m]
+            sums[s_ml + m] += e
+            ce += e
+            cq += qb + qa
+            if g < nag and m + 1 == agg_lv[g]:
+                agg_ring[pos, 2 * g] = ce
+                agg_ring[pos, 2 * g + 1] = cq
+                g += 1
+            prev[0, m] = b
+            prev[1, m] = a
+            prev[2, m] = qb
+            prev[3, m] = qa
+        dep = 0.5 * (prev[2, 0] + prev[3, 0])
+        dep_ring[pos] = dep
+        for w in range(nf):
+            if rows >= flow_w[w]:
+                sums[s_dep + w] -= dep_ring[_back(pos, flow_w[w], R)]
+            sums[s_dep + w] += dep
+        if rows >= mlofi_k:
+            sums[s_mld] -= dep_ring[_back(pos, mlofi_k, R)]
+        sums[s_mld] += dep
+        for w in range(nf):
+            old = _back(pos, flow_w[w], R)
+            for g in range(2 * nag):
+                j = s_ag + 2 * nag * w + g
+                if rows >= flow_w[w]:
+                    sums[j] -= agg_ring[old, g]
+                sums[j] += agg_ring[pos, g]
+        ints[_I_POS] = pos + 1 if pos + 1 < R else 0
+        # ---- mid changes
+        dpos = ints[_I_DPOS]
+        changed = 1 if (rows > 0 and u != ints[_I_LAST_U]) else 0
+        chg_ring[dpos] = changed
+        mid_ring[dpos] = u
+        for w in range(nd):
+            if rows >= drift_w[w]:
+                sums[s_chg + w] -= chg_ring[_back(dpos, drift_w[w], D)]
+            sums[s_chg + w] += changed
+        if changed:
+            ints[_I_LAST_MID_TS] = ts[i]
+        # ---- trades
+        if action[i] == TRADE:
+            v = size[i]
+            sg = float(side[i])
+            tpos = ints[_I_TPOS]
+            nt = ints[_I_TRADES]
+            dmid = float(u - ints[_I_TRADE_U]) if nt > 0 else 0.0
+            trade_ring[tpos, 0] = sg * v
+            trade_ring[tpos, 1] = v
+            trade_ring[tpos, 2] = sg
+            trade_ring[tpos, 3] = dmid
+            for w in range(ntw):
+                k = trade_w[w]
+                for c in range(3):
+                    if nt >= k:
+                        sums[s_tr + 3 * w + c] -= trade_ring[_back(tpos, k, T), c]
+                    sums[s_tr + 3 * w + c] += trade_ring[tpos, c]
+            # Kyle: x = signed size, y = mid change since the previous trade (half-ticks)
+            if nt >= kyle_k:
+                j = _back(tpos, kyle_k, T)
+                xo = trade_ring[j, 0]
+                yo = trade_ring[j, 3]
+                sums[s_ky] -= 1.0
+                sums[s_ky + 1] -= xo
+                sums[s_ky + 2] -= yo
+                sums[s_ky + 3] -= xo * xo
+                sums[s_ky + 4] -= xo * yo
+            x = sg * v
+            sums[s_ky] += 1.0
+            sums[s_ky + 1] += x
+            sums[s_ky + 2] += dmid
+            sums[s_ky + 3] += x * x
+            sums[s_ky + 4] += x * dmid
+            ints[_I_TPOS] = tpos + 1 if tpos + 1 < T else 0
+            ints[_I_TRADES] = nt + 1
+            ints[_I_TRADE_U] = u
+            ints[_I_LAST_TRADE_TS] = ts[i]
+            # VPIN: fill volume buckets (a trade may close several)
+            rem = v
+            while rem > 0.0:
+                room = vb_vol - vpin_cur[2]
+                take = rem if rem < room else room
+                if sg > 0:
+                    vpin_cur[0] += take
+                elif sg < 0:
+                    vpin_cur[1] += take
+                vpin_cur[2] += take
+                rem -= take
+                if vpin_cur[2] >= vb_vol:
+                    bpos = ints[_I_BPOS]
+                    val = abs(vpin_cur[0] - vpin_cur[1]) / vb_vol
+                    if ints[_I_BUCKETS] >= vb_n:
+                        sums[s_vp] -= vpin_ring[bpos]
+                    vpin_ring[bpos] = val
+                    sums[s_vp] += val
+                    ints[_I_BPOS] = bpos + 1 if bpos + 1 < vb_n else 0
+                    ints[_I_BUCKETS] += 1
+                    vpin_cur[:] = 0.0
+            # the trade outputs, until the next trade
+            nt = ints[_I_TRADES]
+            for w in range(ntw):
+                cnt = min(nt, trade_w[w])
+                sv = sums[s_tr + 3 * w]
+                vol = sums[s_tr + 3 * w + 1]
+                trade_out[3 * w] = sv
+                trade_out[3 * w + 1] = sv / vol if vol > 0 else 0.0
+                trade_out[3 * w + 2] = sums[s_tr + 3 * w + 2] / cnt if cnt > 0 else 0.0
+            nb = ints[_I_BUCKETS]
+            trade_out[3 * ntw] = sums[s_vp] / min(nb, vb_n) if nb > 0 else 0.0
+            kn = sums[s_ky]
+            lam = 0.0
+            if kn >= 3:
+                sxx = sums[s_ky + 3] - sums[s_ky + 1] * sums[s_ky + 1] / kn
+                sxy = sums[s_ky + 4] - sums[s_ky + 1] * sums[s_ky + 2] / kn
+                if sxx > 1e-9:
+                    lam = 0.5 * sxy / sxx  # half-ticks -> ticks per contract
+            trade_out[3 * ntw + 1] = lam
+        # ---- event rate over the last min(rows + 1, RK - 1) updates
+        rpos = ints[_I_RPOS]
+        ts_ring[rpos] = ts[i]
+        cnt_r = min(rows + 1, RK - 1)
+        t_first = ts_ring[_back(rpos, (cnt_r - 1), RK)]
+        ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
+        # ---- outputs of row i
+        _book_state_row(
+            bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out
+        )
+        o = 12
+        for w in range(nf):
+            md = sums[s_dep + w] / min(rows + 1, flow_w[w])
+            out[i, o] = sums[w] / md if md > 0 else 0.0
+            o += 1
+        for w in range(nf):
+            cnt_w = min(rows + 1, flow_w[w])
+            for g in range(nag):
+                j = s_ag + 2 * nag * w + 2 * g
+                # Σ e / (Σ depth / (2 L · updates)): the mean per-level depth, one division
+                dq = sums[j + 1]
+                out[i, o_ag + nag * w + g] = sums[j] * (cnt_w * 2.0 * agg_lv[g]) / dq if dq > 0 else 0.0
+        o = o_ag + nf * nag
+        md = sums[s_mld] / min(rows + 1, mlofi_k)
+        if md > 0:
+            for m in range(levels):
+                out[i, o + m] = sums[s_ml + m] / md
+        else:
+            for m in range(levels):
+                out[i, o + m] = 0.0
+        for c in range(n_tr):
+            out[i, o_tr + c] = trade_out[c]
+        o = o_tr + n_tr
+        out[i, o] = _log1p_us(ts[i] - ints[_I_LAST_TS])
+        out[i, o + 1] = _log1p_us(ts[i] - ints[_I_LAST_TRADE_TS])
+        out[i, o + 2] = _log1p_us(ts[i] - ints[_I_LAST_MID_TS])
+        span = ts[i] - t_first
+        out[i, o + 3] = math.log1p((cnt_r - 1) * 1e9 / span) if span > 0 else 0.0
+        out[i, o + 4] = 1e4 * (apx[i, 0] - bpx[i, 0]) / (0.5 * (apx[i, 0] + bpx[i, 0]))
+        o += 5
+        for w in range(nd):
+            k = drift_w[w]
+            back = k if rows >= k else rows
+            out[i, o] = 0.5 * (u - mid_ring[_back(dpos, back, D)])
+            out[i, o + 1] = sums[s_chg + w]
+            o += 2
+        out[i, o] = _log1p_nb(rows)
+        ints[_I_DPOS] = dpos + 1 if dpos + 1 < D else 0
+        ints[_I_ROWS] = rows + 1
+        ints[_I_LAST_TS] = ts[i]
+        ints[_I_LAST_U] = u
     return 0
 
 
@@ -737,9 +874,10 @@ def snapshot_features(
     """Features of one chunk, ``[n, len(feature_names(cfg))]`` float64, and the state to pass
     with the next chunk (``state`` None: the start of a quarter). The chunk's rows must be
     time-ordered and every row must have a best bid and ask, not crossed (FxDataError names
-    the first row that is not). ``out``: a C-contiguous float64 ``[F, n]`` (feature-major)
-    array to write into, reused from chunk to chunk (a fresh output per chunk page-faults
-    every page again); the result is its transpose ``out.T``."""
+    the first row that is not). ``out``: a float64 ``[n, F]`` array to write into (the
+    result is ``out``), reused from chunk to chunk (a fresh output per chunk page-faults every
+    page again); its rows may be strided (each row's F values contiguous), so the caller's
+    wider row-major block, ``block[:, :F]``, is written in place without a copy."""
     n, lv = len(book), cfg.levels
     for name in ("breaks", "action", "side", "size"):
         if getattr(book, name).shape != (n,):
@@ -762,10 +900,18 @@ def snapshot_features(
     st = new_state(cfg) if state is None else state
     nf = len(feature_names(cfg))
     if out is None:
-        out = np.empty((nf, n))
-    elif out.shape != (nf, n) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        out = np.empty((n, nf))
+    elif (
+        out.ndim != 2
+        or out.shape != (n, nf)
+        or out.dtype != np.float64
+        or not out.flags.writeable
+        or (nf > 1 and out.strides[1] != 8)
+        or (n > 1 and out.strides[0] < 8 * nf)
+    ):
         raise FxDataError(
-            f"snapshot chunk: out is {out.dtype} {out.shape}, want C-contiguous float64 [{nf}, {n}]"
+            f"snapshot chunk: out is {out.dtype} {out.shape} strides {out.strides}, want float64 "
+            f"[{n}, {nf}] with contiguous rows"
         )
     _snapshot_nb(
         np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
@@ -775,10 +921,11 @@ def snapshot_features(
         lv, float(cfg.tick_size), _inv_tick(float(cfg.tick_size)), np.asarray(cfg.flow_windows, dtype=np.int64), int(cfg.mlofi_window),
         np.asarray(cfg.trade_windows, dtype=np.int64), int(cfg.kyle_trades), float(cfg.vpin_bucket_volume),
         int(cfg.vpin_buckets), np.asarray(cfg.drift_windows, dtype=np.int64),
+        np.asarray(agg_levels(cfg), dtype=np.int64),
         st.ints, st.prev, st.ofi_ring, st.dep_ring, st.sums, st.trade_ring, st.mid_ring, st.chg_ring,
-        st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, out,
+        st.ts_ring, st.vpin_ring, st.vpin_cur, st.slope, st.trade_out, st.agg_ring, out,
     )  # fmt: skip
-    return out.T, st
+    return out, st
 
 
 def last_closed_bar(close_rows: npt.ArrayLike, n_rows: int, row0: int = 0) -> npt.NDArray[np.int64]:

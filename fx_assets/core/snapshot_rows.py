@@ -14,7 +14,9 @@ Each excluded class is counted.
 Columns:
 
 - ``feature`` group: ``feature_names(cfg)`` of :mod:`snapshot_features` (the row's book, its
-  event-time flow and clocks), then ``bar_<name>`` for each bar feature of the last bar closed
+  event-time flow and clocks), the bar progress (``BAR_PROGRESS_NAMES``: how far the still-open
+  bar has got since the last closed bar's close, from the trades sidecar the bars are built
+  from, trades with ``ts_recv <=`` the row's only), then ``bar_<name>`` for each bar feature of the last bar closed
   strictly before the row (:func:`snapshot_features.last_closed_bar`: bar j is closed for row n
   when the first row with ``ts_recv >= ts_close_j`` precedes n; an equal ``ts_recv`` after
   that row counts, the row itself does not).
@@ -47,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from fx_assets.core.active_contract import _active_table, contract_codes_of
+from fx_assets.core.active_contract import _active_at, _active_table, contract_codes_of
 from fx_assets.core.bar_features import FeatureTable
 from fx_assets.core.bars import BarTable
 from fx_assets.core.book import _BOOK_FIELDS, BookSource, _BookBuffers, _gather_book_nb
@@ -58,9 +60,11 @@ from fx_assets.core.fxcache import DType, FxCacheWriter
 from fx_assets.core.page_release import PageReleaser
 from fx_assets.core.sidecar import sidecar_columns
 from fx_assets.core.snapshot_features import (
+    BAR_PROGRESS_NAMES,
     SnapshotBook,
     SnapshotFeatureConfig,
     SnapshotState,
+    bar_progress,
     feature_names,
     last_closed_bar,
     new_state,
@@ -174,6 +178,64 @@ def _select_nb(
     return m
 
 
+@njit(cache=True, nogil=True)
+def _trade_volume_nb(
+    tts: I64,
+    tiid: npt.NDArray[np.uint32],
+    tpx: I64,
+    tsz: npt.NDArray[np.uint32],
+    bounds: I64,
+    act: I64,
+    at: I64,
+    out: F64,
+    st: I64,
+    cum: F64,
+) -> None:
+    """For each time ``at[r]`` (non-decreasing), the volume of the active contract's trades
+    with ``ts_recv <= at[r]`` (the trades the bars are built from: ``active_trades``'s filter)
+    into ``out[r]``: a forward merge over the trades; ``st`` = [next trade, interval index]
+    and ``cum[0]`` = the running volume, carried from call to call."""
+    i = st[0]
+    k = st[1]
+    n = tts.shape[0]
+    c = cum[0]
+    for r in range(at.shape[0]):
+        t = at[r]
+        while i < n and tts[i] <= t:
+            ok, k = _active_at(bounds, act, tts[i], int(tiid[i]), k)
+            p = tpx[i]
+            if ok and p != UNDEF_PRICE and p > 0 and tsz[i] > 0:
+                c += tsz[i]
+            i += 1
+        out[r] = c
+    st[0] = i
+    st[1] = k
+    cum[0] = c
+
+
+class _TradeVolume:
+    """Active-contract trade volume up to given times, from the memory-mapped trades sidecar
+    (a forward merge; pages released behind it)."""
+
+    def __init__(self, trades: Path | str, book: BookSource) -> None:
+        self.cols = sidecar_columns(trades, ["ts_recv", "instrument_id", "price", "size"])
+        self.bounds, self.act, _ = _active_table(book.calendar, self.cols["ts_recv"])
+        self.st = np.zeros(2, np.int64)
+        self.cum = np.zeros(1)
+        self.releaser = PageReleaser(list(self.cols.values()))
+
+    def upto(self, at: I64, out: F64 | None = None) -> F64:
+        """Volume of the trades with ``ts_recv <= at[r]``; ``at`` non-decreasing across calls."""
+        o = np.empty(at.shape[0]) if out is None else out
+        c = self.cols
+        _trade_volume_nb(
+            c["ts_recv"], c["instrument_id"], c["price"], c["size"], self.bounds, self.act,
+            np.ascontiguousarray(at, dtype=np.int64), o, self.st, self.cum,
+        )  # fmt: skip
+        self.releaser.release_before(int(self.st[0]))
+        return o
+
+
 def _book_names(levels: int) -> list[str]:
     return ["ts_recv", "instrument_id", "flags", "action", "side", "size"] + [
         f"{f}_{i:02d}" for f in _BOOK_FIELDS for i in range(levels)
@@ -191,6 +253,11 @@ class SnapshotPlan:
     bar_ok: npt.NDArray[np.bool_]  # per bar: every context value finite
     n_rows: int  # rows kept (written)
     counts: dict[str, int] = field(default_factory=dict)  # excluded records and dropped rows
+    trades: Path | None = None  # the trades sidecar the bars are built from (bar progress)
+    close_vol: F64 = field(default_factory=lambda: np.empty(0))  # per bar: trade volume to its close
+    bar_volume: F64 = field(default_factory=lambda: np.empty(0))  # per bar: its volume
+    bar_ts_close: I64 = field(default_factory=lambda: np.empty(0, np.int64))
+    bar_duration_ns: I64 = field(default_factory=lambda: np.empty(0, np.int64))
 
     def context(self, row0: int, m: int) -> tuple[npt.NDArray[np.bool_], I64]:
         """(kept mask, last closed bar, clipped to 0 where none) of rows ``row0 .. row0 + m - 1``
@@ -215,9 +282,16 @@ def _bar_block(bars: BarTable, features: FeatureTable) -> tuple[list[str], F64]:
 
 
 def plan_snapshot_rows(
-    book: BookSource, bars: BarTable, bar_features: FeatureTable, *, partition: str = "?"
+    book: BookSource,
+    bars: BarTable,
+    bar_features: FeatureTable,
+    *,
+    trades: Path | str,
+    partition: str = "?",
 ) -> SnapshotPlan:
-    """First pass: count the rows of ``book`` and place each bar's close among them."""
+    """First pass: count the rows of ``book`` and place each bar's close among them; the
+    active trade volume up to each bar's close from ``trades`` (the trades sidecar the bars
+    were built from), for the bar progress."""
     cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "flags", "bid_px_00", "ask_px_00"])
     ts = cols["ts_recv"]
     tc = np.ascontiguousarray(bars.ts_close, dtype=np.int64)
@@ -258,7 +332,12 @@ def plan_snapshot_rows(
         "dropped_bar_features_undefined": int(n - kept - before_first),
         "rows": kept,
     }
-    return SnapshotPlan(n, close_rows, bar_names, bar_values, bar_ok, kept, counts)
+    close_vol = _TradeVolume(trades, book).upto(tc)  # trades with ts_recv <= each bar's close
+    return SnapshotPlan(
+        n, close_rows, bar_names, bar_values, bar_ok, kept, counts, trades=Path(trades),
+        close_vol=close_vol, bar_volume=np.ascontiguousarray(bars.volume, dtype=np.float64),
+        bar_ts_close=tc, bar_duration_ns=np.ascontiguousarray(bars.duration_ns, dtype=np.int64),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -298,11 +377,18 @@ def iter_snapshot_rows(
     chunk = max(1, int(chunk))
     idx_buf = np.empty(min(chunk, max(ts.shape[0], 1)), np.int64)
     slot_buf = np.empty_like(idx_buf)
+    if plan.trades is None:
+        raise FxDataError(f"{book.path}: the snapshot plan has no trades sidecar (bar progress)")
+    tvol = _TradeVolume(plan.trades, book)
+    vol_buf = np.empty(idx_buf.shape[0])
     row0 = 0
     last_slot, n_breaks = np.int64(-1), np.int64(0)
     # Output blocks reused from chunk to chunk (a fresh block per chunk would fault in every
     # page again): a yielded chunk is valid until the next one is requested.
     chunk_cap = int(idx_buf.shape[0])
+    nf = len(feature_names(cfg))
+    npg = len(BAR_PROGRESS_NAMES)
+    width = nf + npg + plan.bar_values.shape[1]
     out_block = np.empty((0, 0))
     out_prices = np.empty((0, len(SNAPSHOT_PRICE_COLUMNS)))
     for lo in range(0, ts.shape[0], chunk):
@@ -342,20 +428,23 @@ def iter_snapshot_rows(
             size=c["size"][idx].astype(np.float64), bid_px=mats[0], ask_px=mats[1], bid_sz=mats[2],
             ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
         )  # fmt: skip
-        feats, st = snapshot_features(snap, cfg, st)
+        # one row-major block per chunk: the scan's columns (written there by the scan), the
+        # bar progress, then the bar context (the bar features of each row's last closed bar,
+        # gathered straight into place)
+        if out_block.shape[0] < m or out_block.shape[1] != width:
+            out_block = np.empty((max(m, chunk_cap), width))
+            out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
+        block, prices = out_block[:m], out_prices[:m]
+        _, st = snapshot_features(snap, cfg, st, out=block[:, :nf])
         keep, jj = plan.context(row0, m)
         n_keep = int(np.count_nonzero(keep))
         if n_keep:
-            # one row-major block per chunk: the scan's columns, then the bar context (the
-            # bar features of each row's last closed bar, gathered straight into place)
-            nf = feats.shape[1]
-            width = nf + plan.bar_values.shape[1]
-            if out_block.shape[0] < m or out_block.shape[1] != width:
-                out_block = np.empty((max(m, chunk_cap), width))
-                out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
-            block, prices = out_block[:m], out_prices[:m]
-            block[:, :nf] = feats
-            np.take(plan.bar_values, jj, axis=0, out=block[:, nf:])
+            vol = tvol.upto(o_ts, vol_buf[:m])  # trades with ts_recv <= the row's
+            block[:, nf : nf + npg] = bar_progress(
+                vol - plan.close_vol[jj], plan.bar_volume[jj], o_ts - plan.bar_ts_close[jj],
+                plan.bar_duration_ns[jj],
+            )  # fmt: skip
+            np.take(plan.bar_values, jj, axis=0, out=block[:, nf + npg :])
             np.add(mats[0][:, 0], mats[1][:, 0], out=prices[:, 0])
             prices[:, 0] /= 2.0
             np.take(slot_day, slot, out=prices[:, 1])
@@ -372,8 +461,9 @@ def iter_snapshot_rows(
 
 
 def snapshot_feature_columns(cfg: SnapshotFeatureConfig, plan: SnapshotPlan) -> list[str]:
-    """The ``feature`` group's columns: the snapshot features, then the bar context."""
-    return [*feature_names(cfg), *plan.bar_names]
+    """The ``feature`` group's columns: the snapshot features, the bar progress, then the bar
+    context."""
+    return [*feature_names(cfg), *BAR_PROGRESS_NAMES, *plan.bar_names]
 
 
 def write_snapshot_fxcache(
@@ -386,13 +476,14 @@ def write_snapshot_fxcache(
     cache_key: bytes,
     meta: Mapping[str, Any] | None = None,
     *,
+    trades: Path | str,
     chunk: int = DEFAULT_SNAPSHOT_CHUNK,
     partition: str = "?",
 ) -> dict[str, int]:
     """The snapshot row unit's fxcache stage: plan, scan and write the quarter's rows
     incrementally (:class:`fxcache.FxCacheWriter`) and atomically; returns the row counts
     (also in the file's meta under ``rows``)."""
-    plan = plan_snapshot_rows(book, bars, bar_features, partition=partition)
+    plan = plan_snapshot_rows(book, bars, bar_features, trades=trades, partition=partition)
     if plan.n_rows == 0:
         raise FxDataError(f"snapshot rows {partition}: {book.path} gives no rows (counts {plan.counts})")
     names = {

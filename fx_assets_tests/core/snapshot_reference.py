@@ -37,6 +37,12 @@ from fx_assets.core.snapshot_features import (
 )
 
 
+def old_feature_names(cfg: SnapshotFeatureConfig) -> list[str]:
+    """The columns this kernel computes, in its order: the scan's columns before the
+    level-aggregated OFI (``mlofi_1to<L>_k<K>``) was added."""
+    return [c for c in feature_names(cfg) if not c.startswith("mlofi_1to")]
+
+
 @njit(cache=True, nogil=True)
 def _back(pos: int, k: int, size: int) -> int:
     """Ring index ``k`` steps before ``pos`` (0 <= k < size), without a modulo."""
@@ -264,7 +270,7 @@ def _snapshot_nb(
 def snapshot_features(
     book: SnapshotBook, cfg: SnapshotFeatureConfig, state: SnapshotState | None = None
 ) -> tuple[F64, SnapshotState]:
-    """Features of one chunk, ``[n, len(feature_names(cfg))]`` float64, and the state to pass
+    """Features of one chunk, ``[n, len(old_feature_names(cfg))]`` float64, and the state to pass
     with the next chunk (``state`` None: the start of a quarter). The chunk's rows must be
     time-ordered and every row must have a best bid and ask, not crossed (FxDataError names
     the first row that is not)."""
@@ -288,7 +294,7 @@ def snapshot_features(
             f"snapshot chunk: row {j} has no best bid/ask or is crossed ({b1[j]!r} / {a1[j]!r})"
         )
     st = new_state(cfg) if state is None else state
-    out = np.empty((len(feature_names(cfg)), n))
+    out = np.empty((len(old_feature_names(cfg)), n))
     _snapshot_nb(
         np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
         np.ascontiguousarray(book.action, dtype=np.uint8), np.ascontiguousarray(book.side, dtype=np.int8),

@@ -113,6 +113,11 @@ def test_each_family_equals_its_definition() -> None:
             assert col[f"ofi_k{k}"][i] == pytest.approx(
                 e[a : i + 1, 0].sum() / dep[a : i + 1].mean(), rel=1e-12
             )
+            for lv in (5, 10):  # levels 1..L aggregated, over the per-level mean depth
+                depth = (bsz[a : i + 1, :lv] + asz[a : i + 1, :lv]).sum(axis=1) / (2 * lv)
+                assert col[f"mlofi_1to{lv}_k{k}"][i] == pytest.approx(
+                    e[a : i + 1, :lv].sum() / depth.mean(), rel=1e-12
+                )
         a = max(lo, i - CFG.mlofi_window + 1)
         for m in range(10):
             assert col[f"mlofi_l{m + 1}"][i] == pytest.approx(
@@ -149,6 +154,7 @@ def test_each_family_equals_its_definition() -> None:
         for name, v in ref.items():
             assert col[f"book_{name}"][i] == pytest.approx(v, rel=1e-12, abs=1e-15, nan_ok=True), name
     # at a break every window starts again
+    assert col["mlofi_1to10_k20"][500] == 0.0 and col["mlofi_1to5_k3"][500] == 0.0
     assert col["ofi_k20"][500] == 0.0 and col["tsv_k15"][500] == (
         float(book.side[500] * book.size[500]) if book.action[500] == ord("T") else 0.0
     )
@@ -198,11 +204,11 @@ def test_bad_chunks_are_refused_by_row() -> None:
 
 
 def test_registry_documents_every_column() -> None:
-    from fx_assets.core.snapshot_features import snapshot_feature_registry
+    from fx_assets.core.snapshot_features import BAR_PROGRESS_NAMES, snapshot_feature_registry
 
     for cfg in (CFG, SnapshotFeatureConfig()):
         reg = snapshot_feature_registry(cfg)
-        assert list(reg) == feature_names(cfg)
+        assert list(reg) == [*feature_names(cfg), *BAR_PROGRESS_NAMES]
         assert all(r.description and r.unit and r.window for r in reg.values())
 
 
@@ -240,11 +246,13 @@ def test_log1p_table_is_libm_log1p() -> None:
 
 
 def make_sparse_book(
-    n: int, seed: int = 0, tick: float = TICK, breaks_at: tuple[int, ...] = (700,)
+    n: int, seed: int = 0, tick: float = TICK, breaks_at: tuple[int, ...] = (700,), one_sided: float = 0.0
 ) -> SnapshotBook:
     """A stream like real MBP-10 records: most updates change one level of one side (a size, a
     count, a level emptied or refilled), some move the best price (the whole side shifts), some
-    repeat the book unchanged (trades), a few leave deep levels missing."""
+    repeat the book unchanged (trades), a few leave deep levels missing. ``one_sided``: the
+    share of updates where only the ask side moves (the mid moves, the bid side is unchanged
+    or changes at a deeper level only)."""
     rng = np.random.default_rng(seed)
     bid_px = np.empty((n, 10))
     ask_px = np.empty((n, 10))
@@ -264,6 +272,12 @@ def make_sparse_book(
             cur_a = bid + tick * spread + tick * lv
             cur[0][:] = np.roll(cur[0], 1)
             cur[1][:] = np.roll(cur[1], -1)
+        elif u < 0.1 + one_sided:  # only the ask side moves (the spread changes)
+            spread = max(1, spread + int(rng.choice([-1, 1])))
+            cur_a = bid + tick * spread + tick * lv
+            cur[1][:] = np.roll(cur[1], -1)
+            if rng.random() < 0.5:  # and one deeper bid level changes size
+                cur[0][int(rng.integers(1, 10))] = float(rng.integers(1, 80))
         elif u < 0.75:  # one level of one side changes
             k = int(rng.integers(0, 10))
             s = int(rng.integers(0, 2))
@@ -299,23 +313,51 @@ def test_fast_kernel_is_bit_identical_to_the_reference(tick: float) -> None:
         dense = make_book(1200, seed=3)
         dense.bid_px = dense.bid_px / TICK * tick  # make_book's grid is TICK: onto this tick's
         dense.ask_px = dense.ask_px / TICK * tick
-        for book in (make_sparse_book(3000, seed=7, tick=tick), dense):
+        names = feature_names(cfg)
+        old = [names.index(c) for c in ref.old_feature_names(cfg)]  # the columns the reference has
+        assert len(old) == len(names) - 2 * len(cfg.flow_windows)
+        one_sided = make_sparse_book(3000, seed=8, tick=tick, one_sided=0.2)
+        for book in (make_sparse_book(3000, seed=7, tick=tick), one_sided, dense):
             want, _ = ref.snapshot_features(book, cfg)
             got, _ = snapshot_features(book, cfg)
-            np.testing.assert_array_equal(got, want)
-            assert got.tobytes() == want.tobytes()
+            np.testing.assert_array_equal(got[:, old], want)
+            assert np.ascontiguousarray(got[:, old]).tobytes() == want.tobytes()
             parts, st = [], None
             for lo, hi in ((0, 1), (1, 64), (64, 65), (65, 700), (700, len(book))):
                 out, st = snapshot_features(_slice(book, lo, hi), cfg, st)
                 parts.append(out)
-            assert np.vstack(parts).tobytes() == want.tobytes()
+            whole = np.vstack(parts)
+            assert whole.tobytes() == got.tobytes()
+            assert np.ascontiguousarray(whole[:, old]).tobytes() == want.tobytes()
 
 
 def test_out_buffer_is_written_in_place() -> None:
+    """``out`` is written in place: a row-major buffer, or the first F columns of a wider
+    row-major block (the caller's fxcache block), leaving the other columns alone."""
     book = make_book(300, seed=9)
     want, _ = snapshot_features(book, CFG)
-    buf = np.full((len(feature_names(CFG)), 300), np.nan)
+    nf = len(feature_names(CFG))
+    buf = np.full((300, nf), np.nan)
     got, _ = snapshot_features(book, CFG, out=buf)
     assert np.shares_memory(got, buf) and got.tobytes() == want.tobytes()
+    wide = np.full((300, nf + 5), -7.0)
+    got, _ = snapshot_features(book, CFG, out=wide[:, :nf])
+    assert np.shares_memory(got, wide) and got.tobytes() == want.tobytes()
+    assert (wide[:, nf:] == -7.0).all()
     with pytest.raises(FxDataError, match="out is"):
         snapshot_features(book, CFG, out=np.empty((3, 300)))
+    with pytest.raises(FxDataError, match="out is"):  # feature-major: rows not contiguous
+        snapshot_features(book, CFG, out=np.empty((nf, 300)).T)
+
+
+def test_docs_table_is_the_registry() -> None:
+    """docs/snapshot-features.md documents every column of the default stack, as the registry
+    says (formula, unit, reach): regenerate it with ``snapshot_feature_table()``."""
+    from pathlib import Path
+
+    from fx_assets.core.snapshot_features import BAR_PROGRESS_NAMES, snapshot_feature_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "snapshot-features.md").read_text()
+    assert snapshot_feature_table() in doc
+    # 52 scan and bar progress columns, then the 28 bar features of the last closed bar
+    assert len(feature_names(SnapshotFeatureConfig())) + len(BAR_PROGRESS_NAMES) == 52

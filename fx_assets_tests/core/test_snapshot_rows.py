@@ -26,7 +26,7 @@ from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import DType, describe_fxcache, open_fxcache
 from fx_assets.core.roll import RollCalendar
 from fx_assets.core.sidecar import ensure_sidecar, open_sidecar, read_symbol_map, sidecar_columns
-from fx_assets.core.snapshot_features import SnapshotFeatureConfig, feature_names
+from fx_assets.core.snapshot_features import BAR_PROGRESS_NAMES, SnapshotFeatureConfig, feature_names
 from fx_assets.core.snapshot_labels import running_breaks
 from fx_assets_tests.conftest import make_market
 
@@ -69,11 +69,14 @@ def quarter(tmp_path_factory: pytest.TempPathFactory) -> Quarter:
 
 
 def rows_of(
-    q: Quarter, book: BookSource | None = None, chunk: int = 7919, bars=None, feats=None
+    q: Quarter, book: BookSource | None = None, chunk: int = 7919, bars=None, feats=None, trades=None
 ) -> sr.SnapshotChunk:
     book = book or q.book
     plan = sr.plan_snapshot_rows(
-        book, q.bars if bars is None else bars, q.features if feats is None else feats
+        book,
+        q.bars if bars is None else bars,
+        q.features if feats is None else feats,
+        trades=q.trades if trades is None else trades,
     )
     parts = [  # a chunk's arrays are reused for the next: copy each as it comes
         sr.SnapshotChunk(p.ts.copy(), p.features.copy(), p.prices.copy(), p.rows.copy())
@@ -104,7 +107,7 @@ def reference_rows(book: BookSource) -> np.ndarray:
 def test_rows_are_the_active_outright_contracts_last_records(quarter: Quarter) -> None:
     ref = reference_rows(quarter.book)
     c = sidecar_columns(quarter.book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
-    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
     assert plan.n_selected == ref.size
     assert len(np.unique(c["instrument_id"])) >= 2  # the book holds more than the active contract
     got = rows_of(quarter)
@@ -156,7 +159,7 @@ def test_spreads_and_inactive_contracts_never_become_rows(quarter: Quarter, tmp_
         cols["instrument_id"][hit[1::2]] = 4_000_000_000
 
     alt = BookSource(_rewrite_sidecar(quarter.book.path, tmp_path / "alt.arrow", relabel), quarter.calendar)
-    plan = sr.plan_snapshot_rows(alt, quarter.bars, quarter.features)
+    plan = sr.plan_snapshot_rows(alt, quarter.bars, quarter.features, trades=quarter.trades)
     assert plan.n_selected == ref.size - hit.size
     np.testing.assert_array_equal(reference_rows(alt), np.setdiff1d(ref, hit))
 
@@ -169,7 +172,15 @@ def test_chunk_size_changes_no_value(quarter: Quarter, tmp_path: Path) -> None:
             np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f"chunk {chunk}: {f}")
     files = [
         sr.write_snapshot_fxcache(
-            tmp_path / f"c{k}.fxcache", quarter.book, quarter.bars, quarter.features, CFG, "f32", KEY, chunk=k
+            tmp_path / f"c{k}.fxcache",
+            quarter.book,
+            quarter.bars,
+            quarter.features,
+            CFG,
+            "f32",
+            KEY,
+            trades=quarter.trades,
+            chunk=k,
         )
         for k in (997, 1 << 30)
     ]
@@ -178,13 +189,13 @@ def test_chunk_size_changes_no_value(quarter: Quarter, tmp_path: Path) -> None:
 
 
 def test_bar_context_is_the_last_bar_closed_strictly_before_the_row(quarter: Quarter) -> None:
-    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
     ts_rows = sidecar_columns(quarter.book.path, ["ts_recv"])["ts_recv"][reference_rows(quarter.book)]
     np.testing.assert_array_equal(
         plan.close_rows, np.searchsorted(ts_rows, quarter.bars.ts_close, side="left")
     )
     got = rows_of(quarter)
-    nf = len(feature_names(CFG))
+    nf = len(feature_names(CFG)) + len(BAR_PROGRESS_NAMES)
     j = np.searchsorted(plan.close_rows, got.rows, side="left") - 1
     assert (j >= 0).all()
     assert (quarter.bars.ts_close[j] <= got.ts).all()  # closed at or before the row's ts_recv ...
@@ -223,6 +234,11 @@ def test_alteration_after_t_changes_no_row_up_to_t(quarter: Quarter, tmp_path: P
         for f in ("ts", "features", "prices", "rows"):
             np.testing.assert_array_equal(getattr(got, f)[:k], getattr(full, f)[:k], err_msg=f"T={t}: {f}")
         assert not np.array_equal(got.features[k:], full.features[k:])  # the alteration does show after T
+        names = sr.snapshot_feature_columns(
+            CFG, sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
+        )
+        for c in ("mlofi_1to5_k10", "mlofi_1to10_k50"):  # the level-aggregated OFI is covered
+            assert not np.array_equal(got.features[k:, names.index(c)], full.features[k:, names.index(c)]), c
 
 
 def test_raw_data_cut_at_t_gives_the_same_rows_up_to_t(quarter: Quarter, tmp_path: Path) -> None:
@@ -236,7 +252,7 @@ def test_raw_data_cut_at_t_gives_the_same_rows_up_to_t(quarter: Quarter, tmp_pat
         truncate_sidecar(quarter.book.path, bk, after_ts=None, until_ts=t)
         truncate_sidecar(quarter.trades, tr, after_ts=None, until_ts=t)
         bars, feats = _bars_and_features(tr, quarter.calendar, drop_open_last=True)
-        got = rows_of(quarter, BookSource(bk, quarter.calendar), bars=bars, feats=feats)
+        got = rows_of(quarter, BookSource(bk, quarter.calendar), bars=bars, feats=feats, trades=tr)
         k = int(np.searchsorted(full.ts, t, side="right"))
         assert len(got.ts) == k
         for f in ("ts", "features", "prices", "rows"):
@@ -247,7 +263,16 @@ def test_raw_data_cut_at_t_gives_the_same_rows_up_to_t(quarter: Quarter, tmp_pat
 def test_the_fxcache_holds_the_rows(quarter: Quarter, tmp_path: Path, dtype: DType) -> None:
     p = tmp_path / "s.fxcache"
     counts = sr.write_snapshot_fxcache(
-        p, quarter.book, quarter.bars, quarter.features, CFG, dtype, KEY, {"partition": Q}, chunk=20_000
+        p,
+        quarter.book,
+        quarter.bars,
+        quarter.features,
+        CFG,
+        dtype,
+        KEY,
+        {"partition": Q},
+        trades=quarter.trades,
+        chunk=20_000,
     )
     got = rows_of(quarter)
     with open_fxcache(p) as fc:
@@ -256,8 +281,10 @@ def test_the_fxcache_holds_the_rows(quarter: Quarter, tmp_path: Path, dtype: DTy
         assert fc.meta["row_unit"] == "snapshot" and fc.meta["rows"] == counts
         assert fc.group_names("price") == list(sr.SNAPSHOT_PRICE_COLUMNS)
         names = fc.group_names("feature")
-        assert names[: len(feature_names(CFG))] == feature_names(CFG)
-        assert names[len(feature_names(CFG)) :] == [f"bar_{k}" for k in quarter.features.columns]
+        nf = len(feature_names(CFG))
+        assert names[:nf] == feature_names(CFG)
+        assert names[nf : nf + 3] == list(BAR_PROGRESS_NAMES)
+        assert names[nf + 3 :] == [f"bar_{k}" for k in quarter.features.columns]
         np.testing.assert_array_equal(fc.ts, got.ts)
         np.testing.assert_array_equal(fc.prices[:, :3], got.prices)  # f64 whatever the value dtype
         tol = 2**-8 if dtype == "bf16" else 2**-23
@@ -270,9 +297,9 @@ def test_the_fxcache_holds_the_rows(quarter: Quarter, tmp_path: Path, dtype: DTy
 def test_the_planning_pass_block_size_changes_nothing(
     quarter: Quarter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    a = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
     monkeypatch.setattr(sr, "_PLAN_BLOCK", 1009)
-    b = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features)
+    b = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
     np.testing.assert_array_equal(a.close_rows, b.close_rows)
     assert a.counts == b.counts and a.n_selected == b.n_selected
 
@@ -285,7 +312,7 @@ def test_bad_input_is_named(quarter: Quarter, tmp_path: Path) -> None:
         _rewrite_sidecar(quarter.book.path, tmp_path / "unordered.arrow", swap), quarter.calendar
     )
     with pytest.raises(FxDataError, match=r"unordered.arrow is not in ts_recv order at record 5001"):
-        sr.plan_snapshot_rows(bad, quarter.bars, quarter.features, partition=Q)
+        sr.plan_snapshot_rows(bad, quarter.bars, quarter.features, trades=quarter.trades, partition=Q)
     ref = reference_rows(quarter.book)
 
     def off_grid(cols: dict[str, np.ndarray]) -> None:
@@ -294,8 +321,71 @@ def test_bad_input_is_named(quarter: Quarter, tmp_path: Path) -> None:
     bad = BookSource(
         _rewrite_sidecar(quarter.book.path, tmp_path / "offgrid.arrow", off_grid), quarter.calendar
     )
-    plan = sr.plan_snapshot_rows(bad, quarter.bars, quarter.features)
+    plan = sr.plan_snapshot_rows(bad, quarter.bars, quarter.features, trades=quarter.trades)
     with pytest.raises(
         FxDataError, match=rf"offgrid.arrow: bid_px_03 = .* at record {ref[700]} .* tick grid"
     ):
         list(sr.iter_snapshot_rows(bad, plan, CFG, chunk=10_000))
+
+
+def _trade_volume_upto(q: Quarter, trades: Path, at: np.ndarray) -> np.ndarray:
+    """Volume of the active contract's trades (positive price and size) with ts_recv <= at."""
+    c = sidecar_columns(trades, ["ts_recv", "instrument_id", "price", "size"])
+    days = session_day(c["ts_recv"])
+    iid, known = q.calendar.active_instrument(days)
+    px = c["price"].astype(np.int64)
+    ok = (days >= 0) & known & (c["instrument_id"] == iid) & (px != np.iinfo(np.int64).max) & (px > 0)
+    cum = np.concatenate([[0.0], np.cumsum(np.where(ok & (c["size"] > 0), c["size"], 0).astype(np.float64))])
+    return cum[np.searchsorted(c["ts_recv"], at, side="right")]
+
+
+def test_bar_progress_follows_its_definition(quarter: Quarter) -> None:
+    """bar_prog_volume / bar_prog_log_time / log_dt_bar_us against a plain numpy evaluation:
+    the active contract's trades with ts_recv <= the row's, less those at or before the last
+    closed bar's ts_close, over that bar's volume; the time since its close, raw and against
+    its duration."""
+    got = rows_of(quarter)
+    plan = sr.plan_snapshot_rows(quarter.book, quarter.bars, quarter.features, trades=quarter.trades)
+    j = np.searchsorted(plan.close_rows, got.rows, side="left") - 1
+    bars = quarter.bars
+    since = _trade_volume_upto(quarter, quarter.trades, got.ts) - _trade_volume_upto(
+        quarter, quarter.trades, bars.ts_close[j]
+    )
+    el = np.log1p((got.ts - bars.ts_close[j]) / 1e3)
+    names = sr.snapshot_feature_columns(CFG, plan)
+    col = {k: got.features[:, names.index(k)] for k in BAR_PROGRESS_NAMES}
+    np.testing.assert_allclose(col["bar_prog_volume"], since / bars.volume[j], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(col["log_dt_bar_us"], el, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(
+        col["bar_prog_log_time"], el - np.log1p(bars.duration_ns[j] / 1e3), rtol=1e-9, atol=1e-12
+    )
+    assert (got.ts >= bars.ts_close[j]).all()  # the progress reads no bar still open
+    # volume bars of 100 contracts: the open bar is partly filled (past 1 only where more bars
+    # closed after the context's bar, between the previous row and this one)
+    assert 0.1 < float(np.median(col["bar_prog_volume"])) < 0.9
+    nxt = np.minimum(j + 1, len(bars) - 1)
+    alone = (j + 1 < len(bars)) & (bars.ts_close[nxt] > got.ts)  # the next bar is still open
+    alone &= ~bars.forced_close[j] & ~bars.forced_close[nxt]  # full bars (not a session's end)
+    assert alone.mean() > 0.5
+    # the open bar holds < 100 contracts, the closed one >= 100
+    assert (col["bar_prog_volume"][alone] < 1.0).all(), col["bar_prog_volume"][alone].max()
+
+
+def test_trades_altered_after_t_change_no_row_up_to_t(quarter: Quarter, tmp_path: Path) -> None:
+    """The bar progress reads the trades sidecar: trades altered after T (sizes, with the bars
+    kept) change no row up to T, and do show after it."""
+    full = rows_of(quarter)
+    tts = sidecar_columns(quarter.trades, ["ts_recv"])["ts_recv"]
+    for i, t in enumerate(_cut_points(quarter, full)[:2]):
+        after = tts > t
+
+        def alter(cols: dict[str, np.ndarray], after: np.ndarray = after) -> None:
+            cols["size"][after] = cols["size"][after] * 2 + 3
+
+        tr = _rewrite_sidecar(quarter.trades, tmp_path / f"tr{i}.arrow", alter)
+        got = rows_of(quarter, trades=tr, chunk=30_011)
+        k = int(np.searchsorted(full.ts, t, side="right"))
+        for f in ("ts", "features", "prices", "rows"):
+            np.testing.assert_array_equal(getattr(got, f)[:k], getattr(full, f)[:k], err_msg=f"T={t}: {f}")
+        c = len(feature_names(CFG))  # bar_prog_volume
+        assert not np.array_equal(got.features[k:, c], full.features[k:, c])
