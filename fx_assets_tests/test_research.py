@@ -236,7 +236,7 @@ def test_report_shows_the_trained_model_and_its_key_moves_with_it(market3: Path,
         # constructed, not model_copy(update=...): Dagster rebuilds a resource from its config
         return TrainingConfig(
             folds=FoldsConfig(train_quarters=1),
-            train=TrainerConfig(trainer="mlp", epochs=2, hidden=[8], seed=seed),
+            train=TrainerConfig.model_validate({"trainer": "mlp", "epochs": 2, "hidden": [8], "seed": seed}),
         )
 
     res = {**dict(defs.resources or {}), "research": SMALL, "training": training(0)}
@@ -252,7 +252,7 @@ def test_report_shows_the_trained_model_and_its_key_moves_with_it(market3: Path,
             _run(defs, inst, res, ["trained_model"], pk)
             obs = inst.fetch_observations(dg.AssetKey("trained_model"), limit=1).records[0]
             model_meta = obs.event_log_entry.asset_observation.metadata  # type: ignore[union-attr]
-            pred = np.load(model_meta["val_predictions"].value)
+            pred = np.load(str(model_meta["val_predictions"].value))
             m = _meta(_run(defs, inst, res, ["signal_report"], pk), "signal_report")
             assert m["action"] == "built" and m["trained_model"].startswith("trained_mlp ")
             curves = m["auc_by_horizon"]
