@@ -68,7 +68,7 @@ from fx_assets.core.atomic import atomic_path
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldRange
-from fx_assets.core.fxcache import FxCache, open_fxcache
+from fx_assets.core.fxcache import FxCache, _decode, open_fxcache
 from fx_assets.core.signal_report import RowUnitData
 from fx_assets.core.trainers.gbt import GbtConfig, train_gbt
 
@@ -88,8 +88,8 @@ REGIME_COLUMNS: dict[str, dict[str, str]] = {
 IMBALANCE_COLUMN = {"snapshot": "book_l1_imbalance", "bar": "l1_imbalance"}
 PRICE_COLUMN = {"snapshot": "mid", "bar": "close"}
 _DECODE_CHUNK = 1 << 17  # rows decoded at a time
-#: validation rows decoded and scored at a time (a snapshot row is ~100 values: ~200 MB as f64)
-PREDICT_CHUNK_ROWS = 1 << 18
+#: validation rows decoded and scored at a time (a snapshot row is ~100 values: ~50 MB as f64)
+PREDICT_CHUNK_ROWS = 1 << 16
 
 
 def _horizons(v: list[int]) -> list[int]:
@@ -317,15 +317,25 @@ class _Rows:
         missing = [n for n in names if n not in self.all_names]
         if missing:
             raise FxDataError(f"{self.caches[0].path}: no column(s) {missing}; columns are {self.all_names}")
-        cols = [self.all_names.index(n) for n in names]
         out = np.empty((rows.size, len(names)), dtype=np.float64)
         for qi, c in enumerate(self.caches):
+            # only the asked columns are decoded, each from its block (stored type -> float64,
+            # elementwise, so the values are those of FxCache.decoded); memory: the output
+            where = {col.name: col for col in c.columns}
+            j_px = [j for j, n in enumerate(names) if where[n].block == "price"]
+            j_val = [j for j, n in enumerate(names) if where[n].block != "price"]
+            i_px = [where[names[j]].index for j in j_px]
+            i_val = [where[names[j]].index for j in j_val]
             a, b = np.searchsorted(rows, [self.starts[qi], self.starts[qi + 1]])
             for lo in range(a, b, _DECODE_CHUNK):
                 hi = min(b, lo + _DECODE_CHUNK)
                 local = rows[lo:hi] - self.starts[qi]
-                block = c.decoded(slice(int(local[0]), int(local[-1]) + 1))
-                out[lo:hi] = block[local - local[0]][:, cols]
+                r0, r1 = int(local[0]), int(local[-1]) + 1
+                sel = local - r0
+                if j_px:
+                    out[lo:hi, j_px] = np.asarray(c.prices[r0:r1][np.ix_(sel, i_px)], dtype=np.float64)
+                if j_val:
+                    out[lo:hi, j_val] = _decode(c.values[r0:r1][np.ix_(sel, i_val)], c.dtype)
         return out
 
 

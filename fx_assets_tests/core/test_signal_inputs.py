@@ -179,3 +179,34 @@ def test_a_model_is_stitched_only_where_every_fold_has_it(tmp_path: Path) -> Non
     assert set(st.predictions) == {"gbt"}
     with pytest.raises(FxDataError, match="predictions for"):
         a.with_model("m", np.zeros(3))
+
+
+def test_rows_take_decodes_exactly_the_asked_columns(tmp_path: Path) -> None:
+    from fx_assets.core.fxcache import write_fxcache
+    from fx_assets.core.signal_inputs import _Rows
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for q, n in enumerate((300, 200)):
+        paths.append(
+            write_fxcache(
+                tmp_path / f"q{q}.fxcache",
+                np.arange(n, dtype=np.int64),
+                {
+                    "feature": (["f0", "f1", "f2"], rng.standard_normal((n, 3))),
+                    "price": (["close", "contract"], np.column_stack([100 + rng.random(n), np.ones(n)])),
+                    "ofi": (["ofi_0"], rng.standard_normal((n, 1))),
+                },
+                "bf16" if q else "f32",
+                bytes([q]) * 32,
+            )
+        )
+    rows = _Rows(paths)
+    try:
+        whole = np.concatenate([c.decoded() for c in rows.caches])
+        idx = np.sort(rng.choice(500, size=120, replace=False))
+        for names in (["close", "contract"], ["ofi_0", "f1", "close"], list(rows.all_names)):
+            cols = [rows.all_names.index(n) for n in names]
+            np.testing.assert_array_equal(rows.take(idx, names), whole[idx][:, cols])
+    finally:
+        rows.close()
