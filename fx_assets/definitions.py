@@ -19,6 +19,7 @@
                        │  (device loader: upload once per run, slice by index per fold)
                        ▼
     fold_ranges ──► trained_model ──► walk_forward_report
+         │               ┆ (when built: its validation predictions)
          └──────► signal_report ──► signal_report_stitched   (research: where the signal lives)
 
 Settings (data root, symbols, quarters) come from ``FX_*`` environment variables or the TOML
@@ -136,6 +137,7 @@ def build_definitions(settings: ProjectSettings) -> dg.Definitions:
             train_parts,
             fxcache,
             fold_ranges,
+            trained_model,
             fold_window_mapping(settings.train_quarters),
             settings.train_quarters,
         )

@@ -210,3 +210,69 @@ def test_every_research_field_and_input_moves_the_report_key() -> None:
     assert lineage.signal_report_stitched_key([base], configs) != lineage.signal_report_stitched_key(
         [base, base], configs
     )
+
+
+# --- the fold's trained model beside the baselines ---------------------------------------------
+
+
+def test_report_shows_the_trained_model_and_its_key_moves_with_it(market3: Path, tmp_path: Path) -> None:
+    """Bar rows, Q2 fold: the report before the model exists has the two baselines; after
+    ``trained_model`` it has the model too, its per-row predictions exactly the model's
+    ``val_predictions.npz`` row for row (same timestamps as the report's rows); a model trained
+    with another config is another model key, so another report key (and a rebuilt report)."""
+    import numpy as np
+
+    from fx_assets.core.signal_inputs import FoldSignal
+    from fx_assets.resources.training import FoldsConfig, TrainerConfig, TrainingConfig
+
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    defs = build_definitions(
+        ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=Q2, train_quarters=1)
+    )
+    pk = partition_key(Q2, "ES.FUT")
+
+    def training(seed: int) -> TrainingConfig:
+        # constructed, not model_copy(update=...): Dagster rebuilds a resource from its config
+        return TrainingConfig(
+            folds=FoldsConfig(train_quarters=1),
+            train=TrainerConfig.model_validate({"trainer": "mlp", "epochs": 2, "hidden": [8], "seed": seed}),
+        )
+
+    res = {**dict(defs.resources or {}), "research": SMALL, "training": training(0)}
+    with dg.instance_for_test() as inst:
+        for q in (Q1, Q2):
+            _run(defs, inst, res, list(FEATURE_STAGES), partition_key(q, "ES.FUT"))
+        before = _meta(_run(defs, inst, res, ["fold_ranges", "signal_report"], pk), "signal_report")
+        assert before["trained_model"] == "none"
+        assert set(before["auc_by_horizon"]) == {"bar|gbt", "bar|l1_imbalance"}
+        keys = [before["cache_key"]]
+        for seed in (0, 1):
+            res["training"] = training(seed)
+            _run(defs, inst, res, ["trained_model"], pk)
+            obs = inst.fetch_observations(dg.AssetKey("trained_model"), limit=1).records[0]
+            model_meta = obs.event_log_entry.asset_observation.metadata  # type: ignore[union-attr]
+            pred = np.load(str(model_meta["val_predictions"].value))
+            m = _meta(_run(defs, inst, res, ["signal_report"], pk), "signal_report")
+            assert m["action"] == "built" and m["trained_model"].startswith("trained_mlp ")
+            curves = m["auc_by_horizon"]
+            assert set(curves) == {"bar|gbt", "bar|l1_imbalance", "bar|trained_mlp"}
+            assert sorted(int(h) for h in curves["bar|trained_mlp"]) == [1, 2, 5, 10, 30]
+            assert "bar · trained_mlp" in m["report"]
+            sig = FoldSignal.load(Path(m["path"]) / "fold_signal.npz")
+            np.testing.assert_array_equal(pred["ts"], sig.val_ts)  # row for row the report's rows
+            for h in sig.labels:
+                np.testing.assert_array_equal(sig.predictions["trained_mlp"][h], pred["score"])
+            keys.append(m["cache_key"])
+        assert len(set(keys)) == 3, keys  # no model, model of seed 0, model of seed 1
+        # the same model again: the report is a cache hit
+        again = _meta(_run(defs, inst, res, ["signal_report"], pk), "signal_report")
+        assert again["action"] == "reused" and again["cache_key"] == keys[-1]
+
+
+def test_report_depends_on_the_trained_model_in_the_asset_graph(tmp_path: Path) -> None:
+    defs = build_definitions(
+        ProjectSettings(data_root=tmp_path, first_quarter=Q1, last_quarter=Q2, train_quarters=1)
+    )
+    graph = defs.resolve_asset_graph()
+    assert dg.AssetKey("trained_model") in graph.get(dg.AssetKey("signal_report")).parent_keys

@@ -46,7 +46,14 @@ def _meta(result: dg.ExecuteInProcessResult, asset: str, partition: str | None =
 @pytest.mark.slow
 @pytest.mark.parametrize("snap_signal", [2.0, 0.0])
 def test_mlp_trains_on_snapshot_rows_through_the_assets(tmp_path: Path, snap_signal: float) -> None:
+    from fx_assets.core.signal_inputs import FoldSignal
     from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
+    from fx_assets.resources.research import (
+        GbtBaselineConfig,
+        ResearchConfig,
+        SignalLabelsConfig,
+        SignalReportSettings,
+    )
     from fx_assets.resources.training import DeviceFxCacheLoader, TrainerConfig, default_training
 
     root = _market(tmp_path / "m", snap_signal)
@@ -84,11 +91,34 @@ def test_mlp_trains_on_snapshot_rows_through_the_assets(tmp_path: Path, snap_sig
         ranges: dict[str, Any] = {
             k: v.value for k, v in fr[0].event_log_entry.asset_observation.metadata.items()
         }
+        # the signal report of the fold shows the model, row for row on the report's rows
+        res["research"] = ResearchConfig(
+            labels=SignalLabelsConfig(snapshot_horizons=[10, 50]),
+            gbt=GbtBaselineConfig(
+                sample_rows=5000, stride=5, n_estimators=20, min_data_in_leaf=50, early_stopping_rounds=5
+            ),
+            report=SignalReportSettings(n_boot=20, n_perm=20),
+        )
+        r = dg.materialize(
+            assets, selection=["signal_report"], partition_key="2024-04|ES.FUT",
+            instance=inst, resources=res, run_config=QUIET,
+        )  # fmt: skip
+        assert r.success
+        report = _meta(r, "signal_report")
     assert md["row_unit"] == "snapshot" and md["train_horizon"] == 50
     assert 0 < md["zero_move_share"] < 1
     assert "| 501 |" in ranges["ranges"]  # the purge: the label reach of the default horizons
     pred = np.load(md["val_predictions"])
     assert pred["score"].shape == pred["ts"].shape == pred["classes_h50"].shape
+    assert report["trained_model"].startswith("trained_mlp ")
+    assert "snapshot|trained_mlp" in report["auc_by_horizon"]
+    sig = FoldSignal.load(Path(report["path"]) / "fold_signal.npz")
+    np.testing.assert_array_equal(sig.val_ts, pred["ts"])
+    np.testing.assert_array_equal(sig.predictions["trained_mlp"][50], pred["score"])
+    # the trainer's h = 50 labels and the report's are the same rows' labels
+    both = np.isfinite(sig.labels[50]) & np.isfinite(pred["classes_h50"]) & (pred["classes_h50"] != 0)
+    assert both.mean() > 0.5
+    np.testing.assert_array_equal(sig.labels[50][both], pred["classes_h50"][both])
     print(snap_signal, {k: v for k, v in md.items() if "auc" in k or k == "fold_rows"})
     if snap_signal:
         assert md["val_auc"] > 0.53 and md["auc_null_z"] > 4, md

@@ -3,25 +3,32 @@ unpartitioned ``signal_report_stitched``.
 
 ``signal_report[2024-Q3|ES.FUT]`` reads the fold's fxcache files (the configured row unit) and
 its ``fold_ranges``, derives labels per horizon and regime variables, fits the LightGBM baseline
-on a sample of the training rows and reports out-of-sample AUC / accuracy of it and of the
-level-1-imbalance baseline (:mod:`fx_assets.core.signal_inputs`,
+on a sample of the training rows and reports out-of-sample AUC / accuracy of it, of the
+level-1-imbalance baseline and of the fold's ``trained_model`` (:mod:`fx_assets.core.signal_inputs`,
 :mod:`fx_assets.core.signal_report`). Its files (``fold_signal.npz``, ``signal_report.md/.png/
 .json``) lie under a keyed folder: the key covers the fold ranges, the fxcache files (so the row
-unit and feature stack) and the ``research`` resource. ``signal_report_stitched`` concatenates
-every fold's validation rows per row unit, for each row unit whose per-fold reports exist on the
-same quarters (each row unit is its own materialization, under its own key): bar beside
-snapshot. Markdown and the decay PNG are in the materialization metadata (asset page in the UI).
-The trained models' per-row validation probabilities are not reported (``trained_model`` does
-not save them).
+unit and feature stack), the ``research`` resource and the trained model's key.
+``signal_report_stitched`` concatenates every fold's validation rows per row unit, for each row
+unit whose per-fold reports exist on the same quarters (each row unit is its own
+materialization, under its own key): bar beside snapshot. Markdown and the decay PNG are in the
+materialization metadata (asset page in the UI).
+
+The trained model is an edge of the asset graph (``trained_model`` -> ``signal_report``, same
+partition; not required: a fold without a model is reported without it) and is found the way
+``walk_forward_report`` finds it: the model directory of the current configs (``model_dir``,
+keyed by the fxcache files, fold and trainer configs and the device loader's settings), used
+when its build is complete and it stored ``val_predictions.npz``. Retraining under another key
+(any of those inputs changed) moves the report's key, so the report is rebuilt with the model.
 """
 
+import json
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
-from fx_assets.assets.training import fold_file, png_markdown, shown
+from fx_assets.assets.training import fold_file, model_dir, png_markdown, shown
 from fx_assets.core import lineage
 from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.errors import FxDataError
@@ -29,7 +36,7 @@ from fx_assets.partitions import QuarterSymbol, context_partition, parse_partiti
 from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
 from fx_assets.resources.research import ResearchConfig
 from fx_assets.resources.storage import FxStorage
-from fx_assets.resources.training import TrainingConfig
+from fx_assets.resources.training import DeviceFxCacheLoader, TrainingConfig
 
 ROW_UNITS = ("bar", "snapshot")
 FOLD_FILE = "fold_signal.npz"
@@ -47,6 +54,35 @@ def with_row_unit(pipeline: PipelineConfig, row_unit: str) -> PipelineConfig:
     )
 
 
+class FoldModel:
+    """The fold's trained model as the report uses it: key, ``val_predictions.npz``, trainer."""
+
+    def __init__(self, key: str, predictions: Path, trainer: str) -> None:
+        self.key, self.predictions, self.trainer = key, predictions, trainer
+
+    @property
+    def name(self) -> str:
+        return f"trained_{self.trainer}"
+
+
+def fold_model(
+    storage: FxStorage,
+    pipeline: PipelineConfig,
+    training: TrainingConfig,
+    loader: DeviceFxCacheLoader,
+    part: QuarterSymbol,
+    n_train: int,
+) -> FoldModel | None:
+    """The fold's trained model for the current configs (the directory ``trained_model`` writes,
+    as ``walk_forward_report`` finds it), or None when it is not built, its build is incomplete
+    or it stored no validation predictions (a bar fold trained before they were written)."""
+    _, mkey, mdir = model_dir(storage, pipeline, training, loader, part, n_train)
+    done, preds = mdir / "checkpoint.json", mdir / "val_predictions.npz"
+    if not (done.is_file() and preds.is_file()) or load_build_metadata(done) is None:
+        return None
+    return FoldModel(mkey, preds, str(json.loads(done.read_text())["config"]["trainer"]))
+
+
 def report_dir(
     storage: FxStorage,
     pipeline: PipelineConfig,
@@ -54,30 +90,35 @@ def report_dir(
     research: ResearchConfig,
     part: QuarterSymbol,
     n_train: int,
+    model: FoldModel | None,
 ) -> tuple[list[Path], Path, str, Path]:
-    """(fxcache paths, fold ranges file, report key, folder) of one fold's report."""
+    """(fxcache paths, fold ranges file, report key, folder) of one fold's report (with ``model``
+    beside the baselines)."""
     parts, keys, fkey, fpath = fold_file(storage, pipeline, training, part, n_train)
-    key = lineage.signal_report_key(fkey, keys, research.core_configs())
+    key = lineage.signal_report_key(fkey, keys, research.core_configs(), model.key if model else None)
     paths = [StageIO(storage, pipeline, p).path("fxcache") for p in parts]
     folder = storage.layout.reports_dir() / "signal_report" / part.symbol / f"{part.quarter_label}.{key[:16]}"
     return paths, fpath, key, folder
 
 
 def make_research_assets(
-    training_partitions, fxcache, fold_ranges, window_mapping, train_quarters: int
+    training_partitions, fxcache, fold_ranges, trained_model, window_mapping, train_quarters: int
 ) -> tuple:
     n_train = train_quarters
 
     @dg.asset(
         partitions_def=training_partitions,
-        deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping), fold_ranges],
+        # trained_model: the same fold (identity mapping); not required, the report shows it
+        # when it exists (module docstring)
+        deps=[dg.AssetDep(fxcache, partition_mapping=window_mapping), fold_ranges, trained_model],
         group_name="research",
         code_version=lineage.code_version("signal_report"),
         kinds={"lightgbm", "matplotlib"},
         description=(
             "Where the signal lives, per fold: out-of-sample AUC / accuracy by label horizon (decay "
             "curve) and by regime quintile (spread, realised volatility, event rate), LightGBM beside "
-            "the level-1-imbalance baseline, moving-block-bootstrap error bars, empirical-null band."
+            "the level-1-imbalance baseline and the fold's trained model (when materialized), "
+            "moving-block-bootstrap error bars, empirical-null band."
         ),
     )
     def signal_report(
@@ -86,13 +127,15 @@ def make_research_assets(
         pipeline: PipelineConfig,
         training: TrainingConfig,
         research: ResearchConfig,
+        fxcache_loader: dg.ResourceParam[DeviceFxCacheLoader],
     ) -> dg.MaterializeResult:
         from fx_assets.core.folds import FoldRange
-        from fx_assets.core.signal_inputs import fold_signal, report_inputs
+        from fx_assets.core.signal_inputs import fold_signal, report_inputs, trained_predictions
         from fx_assets.core.signal_report import signal_report as build_report
 
         part = context_partition(context)
-        paths, fpath, key, folder = report_dir(storage, pipeline, training, research, part, n_train)
+        model = fold_model(storage, pipeline, training, fxcache_loader, part, n_train)
+        paths, fpath, key, folder = report_dir(storage, pipeline, training, research, part, n_train, model)
         md_path = folder / "signal_report.md"
         built = load_build_metadata(md_path) if (folder / FOLD_FILE).is_file() else None
         if built is not None:
@@ -106,13 +149,15 @@ def make_research_assets(
         for p, q in zip(paths, fold_file(storage, pipeline, training, part, n_train)[0], strict=True):
             if not p.is_file():
                 raise dg.Failure(f"{q.label}: no fxcache file {p.name}; materialize fxcache[{q.label}] first")
-        import json
-
         d = json.loads(fpath.read_text())
         fr = FoldRange(**{k: d[k] for k in FoldRange.__dataclass_fields__})
         labels_cfg, gbt_cfg, report_cfg = research.core_configs()
         try:
             sig = fold_signal(paths, fr, labels_cfg, gbt_cfg, tick=pipeline.snapshot.tick_size)
+            if model is not None:
+                sig = sig.with_model(
+                    model.name, trained_predictions(model.predictions, sig.val_ts, model.trainer)
+                )
             sig.save(folder / FOLD_FILE)
             rep = build_report(*report_inputs({sig.row_unit: sig}), report_cfg)
         except FxDataError as exc:
@@ -128,6 +173,7 @@ def make_research_assets(
             "val_rows": fr.n_val,
             "train_rows": fr.n_train,
             "block_rows": rep.block,
+            "trained_model": f"{model.name} {model.key[:16]}" if model else "none",
             "decay": png_markdown(png, f"AUC by horizon {shown(part)} ({sig.row_unit})"),
             "report": dg.MetadataValue.md(files["md"].read_text()),
             "gbt": dg.MetadataValue.json(sig.info["gbt"]),
@@ -157,6 +203,7 @@ def make_research_assets(
         pipeline: PipelineConfig,
         training: TrainingConfig,
         research: ResearchConfig,
+        fxcache_loader: dg.ResourceParam[DeviceFxCacheLoader],
     ) -> dg.MaterializeResult:
         from fx_assets.core.signal_inputs import FoldSignal, report_inputs, stitch_signals
         from fx_assets.core.signal_report import signal_report as build_report
@@ -169,7 +216,8 @@ def make_research_assets(
             for pk in training_partitions.get_partition_keys(dynamic_partitions_store=context.instance):
                 part = parse_partition_key(pk)
                 try:
-                    _, _, key, folder = report_dir(storage, pl, training, research, part, n_train)
+                    model = fold_model(storage, pl, training, fxcache_loader, part, n_train)
+                    _, _, key, folder = report_dir(storage, pl, training, research, part, n_train, model)
                 except (FileNotFoundError, dg.Failure):  # an input of the fold is not built
                     continue
                 if (folder / FOLD_FILE).is_file() and load_build_metadata(folder / "signal_report.md"):
@@ -189,7 +237,13 @@ def make_research_assets(
                 context.log.warning(f"{symbol}: row units {sorted(units)} have no quarter in common")
                 continue
             for unit, qs in sorted(units.items()):
-                sig = stitch_signals([FoldSignal.load(qs[q][1]) for q in common])
+                folds = [FoldSignal.load(qs[q][1]) for q in common]
+                # a model is stitched where every fold has it (a fold's trained model may be missing)
+                keep = set.intersection(*(set(f.predictions) for f in folds))
+                dropped = sorted({m for f in folds for m in f.predictions} - keep)
+                if dropped:
+                    context.log.warning(f"{symbol} {unit}: {dropped} not in every fold, left out")
+                sig = stitch_signals([f.without_models(sorted(keep)) for f in folds])
                 rep = build_report(*report_inputs({unit: sig}), report_cfg)
                 out_keys += [qs[q][0] for q in common]
                 sections.append((symbol, unit, common, rep))

@@ -12,6 +12,7 @@ other folds, but fails the step naming it; the folds that finished are recorded 
 """
 
 import base64
+import io
 import json
 import time
 from typing import Any
@@ -299,7 +300,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 snap_meta = (
                     _snapshot_outputs(out_dir, fold, result, val_ts, cfg)
                     if cfg.row_unit == "snapshot"
-                    else {}
+                    else _bar_outputs(out_dir, result, val_ts)
                 )
             finally:
                 if isinstance(fold, StreamedRows):
@@ -473,8 +474,6 @@ def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, 
     in the model directory (``ts``: ts_recv per validation row; ``score``: the model's score,
     P(up) for the MLP; ``classes_h<h>``: the label class +1 / -1 / 0 / NaN of every horizon, where
     the fold was resident), and the AUC of the score at each of those horizons."""
-    import io
-
     from fx_assets.core.fold_stream import StreamedRows  # torch: with the training step only
 
     extra = dict(fold.extra)
@@ -501,6 +500,23 @@ def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, 
     atomic_write_bytes(path, buf.getvalue())
     meta["val_predictions"] = dg.MetadataValue.path(str(path))
     return meta
+
+
+def _bar_outputs(out_dir: Any, result: Any, val_ts: np.ndarray) -> dict[str, Any]:
+    """A bar fold's validation predictions, ``val_predictions.npz`` in the model directory (``ts``:
+    the bar's timestamp per validation row; ``score``: the model's score, P(up) for the MLP,
+    Q(long) - Q(short) for the DQN), which ``signal_report`` shows beside its baselines."""
+    if result.val_scores is None:
+        return {}
+    arrays = {
+        "ts": np.asarray(val_ts, dtype=np.int64),
+        "score": np.asarray(result.val_scores, dtype=np.float64),
+    }
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    path = out_dir / "val_predictions.npz"
+    atomic_write_bytes(path, buf.getvalue())
+    return {"val_predictions": dg.MetadataValue.path(str(path))}
 
 
 def _fold_row(label: str, fr: FoldRange, metrics: dict, transition_ms: float, mkey: str, action: str) -> dict:

@@ -250,11 +250,15 @@ def trained_model_key(
     )
 
 
-def signal_report_key(fold_key: str, fxcache_keys: Sequence[str], configs: Sequence[BaseModel]) -> str:
+def signal_report_key(
+    fold_key: str, fxcache_keys: Sequence[str], configs: Sequence[BaseModel], model_key: str | None = None
+) -> str:
     """Key of one fold's signal report: the fold's ranges (``fold_ranges_key``), its fxcache
-    files (their row unit and stack are in their keys) and the report's configs (labels, GBT,
-    bootstrap)."""
-    return _key("signal_report", list(configs), [], [fold_key, *fxcache_keys], TRAINING_FORMAT_VERSION)
+    files (their row unit and stack are in their keys), the report's configs (labels, GBT,
+    bootstrap) and the key of the fold's trained model shown beside them (``trained_model_key``;
+    None: no trained model, the key of a report without one)."""
+    inputs = [fold_key, *fxcache_keys] + ([f"trained_model={model_key}"] if model_key else [])
+    return _key("signal_report", list(configs), [], inputs, TRAINING_FORMAT_VERSION)
 
 
 def signal_report_stitched_key(fold_report_keys: Sequence[str], configs: Sequence[BaseModel]) -> str:

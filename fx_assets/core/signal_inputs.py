@@ -28,9 +28,11 @@ the last closed bar's ``rv_20``, the same quantity as the bar rows' ``rv_20``), 
 ``event_rate``: book snapshots + trades per second over the bar; quintiles are unchanged by the
 monotone log). Training values are those of the rows the GBT sample is drawn from.
 
-Memory: every validation row is decoded (``n_val x width x 8`` bytes) and scored at once; a
-real-scale snapshot quarter (hundreds of millions of rows) would need chunked prediction (not
-done).
+Memory: the validation rows are decoded and scored ``chunk_rows`` at a time (default
+:data:`PREDICT_CHUNK_ROWS`; ``chunk_rows x width x 8`` bytes), so a real-scale snapshot quarter
+never lies decoded whole; what is kept per validation row is a few float64 columns (labels,
+regimes, one prediction per model and horizon). The training rows' prices (labels) and the
+capped GBT sample are decoded whole.
 
 Models (P(up) per validation row):
 
@@ -41,14 +43,20 @@ Models (P(up) per validation row):
   runs on those with the early-stopping purge counted in them so that it covers
   ``max(purge_rows, longest label reach)`` rows of the file;
 - ``l1_imbalance``: the single-feature baseline ``(1 + I1) / 2`` with ``I1`` the level-1 queue
-  imbalance (snapshot ``book_l1_imbalance``, bar ``l1_imbalance`` at the bar's close); no fit.
+  imbalance (snapshot ``book_l1_imbalance``, bar ``l1_imbalance`` at the bar's close); no fit;
+- ``trained_mlp`` / ``trained_dqn`` (when the fold's ``trained_model`` exists for the same
+  fxcache files): :func:`trained_predictions` of its ``val_predictions.npz``, one score for
+  every horizon (the model is trained at one horizon): the MLP's P(up) as it is, the DQN's
+  ``Q(long) - Q(short)`` from flat through the logistic function (monotone, so the AUC is the
+  score's; accuracy counts ``Q(long) > Q(short)`` as "up"). Its rows must be the report's
+  validation rows (same count, same timestamps in order), else :class:`FxDataError`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +68,7 @@ from fx_assets.core.atomic import atomic_path
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldRange
-from fx_assets.core.fxcache import FxCache, open_fxcache
+from fx_assets.core.fxcache import FxCache, _decode, open_fxcache
 from fx_assets.core.signal_report import RowUnitData
 from fx_assets.core.trainers.gbt import GbtConfig, train_gbt
 
@@ -80,6 +88,8 @@ REGIME_COLUMNS: dict[str, dict[str, str]] = {
 IMBALANCE_COLUMN = {"snapshot": "book_l1_imbalance", "bar": "l1_imbalance"}
 PRICE_COLUMN = {"snapshot": "mid", "bar": "close"}
 _DECODE_CHUNK = 1 << 17  # rows decoded at a time
+#: validation rows decoded and scored at a time (a snapshot row is ~100 values: ~50 MB as f64)
+PREDICT_CHUNK_ROWS = 1 << 16
 
 
 def _horizons(v: list[int]) -> list[int]:
@@ -141,6 +151,16 @@ class FoldSignal:
             regimes_train=self.regimes_train,
             clock_ns=self.clock_ns,
         )
+
+    def with_model(self, name: str, proba: F64) -> FoldSignal:
+        """This fold with one more model, scoring every horizon with ``proba`` (per validation row)."""
+        if proba.shape != self.val_ts.shape:
+            raise FxDataError(f"{name}: {proba.shape} predictions for {self.val_ts.size} validation rows")
+        return replace(self, predictions={**self.predictions, name: {h: proba for h in self.labels}})
+
+    def without_models(self, keep: Sequence[str]) -> FoldSignal:
+        """This fold with only the models in ``keep``."""
+        return replace(self, predictions={m: p for m, p in self.predictions.items() if m in keep})
 
     def report_predictions(self) -> dict[tuple[str, str], dict[int, F64]]:
         return {(self.row_unit, m): p for m, p in self.predictions.items()}
@@ -209,6 +229,29 @@ class FoldSignal:
         )
 
 
+def trained_predictions(path: Path | str, val_ts: npt.ArrayLike, trainer: str) -> F64:
+    """P(up) per validation row of a trained model, from its ``val_predictions.npz`` (``ts``,
+    ``score``), checked to be row for row the report's validation rows ``val_ts`` (module
+    docstring)."""
+    with np.load(Path(path)) as z:
+        if "score" not in z.files:
+            raise FxDataError(f"{path}: no validation scores (the trainer stored none)")
+        ts, score = np.asarray(z["ts"], dtype=np.int64), np.asarray(z["score"], dtype=np.float64)
+    want = np.asarray(val_ts, dtype=np.int64)
+    if ts.shape != want.shape or score.shape != want.shape or not np.array_equal(ts, want):
+        raise FxDataError(
+            f"{path}: the model's {score.size} validation rows are not the report's {want.size} "
+            "(other fold ranges or fxcache files?)"
+        )
+    if not np.isfinite(score).all():
+        raise FxDataError(f"{path}: non-finite score at row {int(np.flatnonzero(~np.isfinite(score))[0])}")
+    if trainer == "dqn":
+        return 0.5 * (1.0 + np.tanh(0.5 * score))  # the logistic function, without overflow
+    if trainer == "mlp":
+        return score
+    raise FxDataError(f"{path}: unknown trainer {trainer!r}")
+
+
 def stitch_signals(folds: Sequence[FoldSignal]) -> FoldSignal:
     """Folds of one row unit, validation rows concatenated in time order; regime edges then come
     from the training rows of every fold together; a horizon's clock is the median of the folds'."""
@@ -274,15 +317,25 @@ class _Rows:
         missing = [n for n in names if n not in self.all_names]
         if missing:
             raise FxDataError(f"{self.caches[0].path}: no column(s) {missing}; columns are {self.all_names}")
-        cols = [self.all_names.index(n) for n in names]
         out = np.empty((rows.size, len(names)), dtype=np.float64)
         for qi, c in enumerate(self.caches):
+            # only the asked columns are decoded, each from its block (stored type -> float64,
+            # elementwise, so the values are those of FxCache.decoded); memory: the output
+            where = {col.name: col for col in c.columns}
+            j_px = [j for j, n in enumerate(names) if where[n].block == "price"]
+            j_val = [j for j, n in enumerate(names) if where[n].block != "price"]
+            i_px = [where[names[j]].index for j in j_px]
+            i_val = [where[names[j]].index for j in j_val]
             a, b = np.searchsorted(rows, [self.starts[qi], self.starts[qi + 1]])
             for lo in range(a, b, _DECODE_CHUNK):
                 hi = min(b, lo + _DECODE_CHUNK)
                 local = rows[lo:hi] - self.starts[qi]
-                block = c.decoded(slice(int(local[0]), int(local[-1]) + 1))
-                out[lo:hi] = block[local - local[0]][:, cols]
+                r0, r1 = int(local[0]), int(local[-1]) + 1
+                sel = local - r0
+                if j_px:
+                    out[lo:hi, j_px] = np.asarray(c.prices[r0:r1][np.ix_(sel, i_px)], dtype=np.float64)
+                if j_val:
+                    out[lo:hi, j_val] = _decode(c.values[r0:r1][np.ix_(sel, i_val)], c.dtype)
         return out
 
 
@@ -342,19 +395,28 @@ def fold_signal(
     gbt_cfg: GbtConfig,
     *,
     tick: float,
+    chunk_rows: int = PREDICT_CHUNK_ROWS,
 ) -> FoldSignal:
     """Labels, regimes and predictions of one fold (module docstring); ``paths``: the fold's
     fxcache files in quarter order (their row unit is read from the files); ``tick``: the price
-    tick (snapshot mids are checked on its half-tick grid)."""
+    tick (snapshot mids are checked on its half-tick grid); ``chunk_rows``: validation rows
+    decoded and scored at a time (no number depends on it)."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     rows = _Rows([Path(p) for p in paths])
     try:
-        return _fold_signal(rows, fr, labels_cfg, gbt_cfg, tick)
+        return _fold_signal(rows, fr, labels_cfg, gbt_cfg, tick, chunk_rows)
     finally:
         rows.close()
 
 
 def _fold_signal(
-    rows: _Rows, fr: FoldRange, labels_cfg: SignalLabelConfig, gbt_cfg: GbtConfig, tick: float
+    rows: _Rows,
+    fr: FoldRange,
+    labels_cfg: SignalLabelConfig,
+    gbt_cfg: GbtConfig,
+    tick: float,
+    chunk_rows: int,
 ) -> FoldSignal:
     from fx_assets.core.snapshot_labels import horizon_clock_ns, running_breaks
 
@@ -380,11 +442,9 @@ def _fold_signal(
         raise FxDataError(f"fold {fr.name}: empty training or validation slice")
     train_labels, _ = slice_labels(fr.train_start, fr.train_end)
     val_labels, val_px = slice_labels(fr.val_start, fr.val_end)
-    val_idx = np.arange(fr.val_start, fr.val_end)
     tr_idx = _training_rows(fr, gbt_cfg)
     feats = rows.value_names
     x_tr = rows.take(tr_idx, feats)
-    x_val = rows.take(val_idx, feats)
     fi = {n: j for j, n in enumerate(feats)}
     for c in [*reg_cols, IMBALANCE_COLUMN[unit]]:
         if c not in fi:
@@ -395,22 +455,35 @@ def _fold_signal(
     s0 = int(tr_idx.size * (1.0 - gbt_cfg.early_stop_share))
     drop = s0 - int(np.searchsorted(tr_idx, tr_idx[min(s0, tr_idx.size - 1)] - purge, side="left"))
     fit_cfg = gbt_cfg.model_copy(update={"stride": 1, "purge_rows": drop + 1})
-    gbt: dict[int, F64] = {}
+    fits = {}
     info: dict[str, Any] = {"row_unit": unit, "n_train_rows": fr.n_train, "n_val_rows": fr.n_val, "gbt": {}}
     for h in hs:
         y_tr = train_labels[h][1][tr_idx - fr.train_start]
         try:
-            res = train_gbt(x_tr, y_tr, x_val, fit_cfg, feature_names=feats)
+            fits[h] = res = train_gbt(x_tr, y_tr, None, fit_cfg, feature_names=feats)
         except FxDataError as exc:
             raise FxDataError(f"fold {fr.name}, {unit} rows, horizon {h}: {exc}") from exc
-        gbt[h] = res.proba
         top = sorted(res.importance_gain.items(), key=lambda kv: -kv[1])[:5]
         info["gbt"][str(h)] = {
             "best_iteration": res.best_iteration,
             "n_fit": res.n_fit,
             "top_gain": [k for k, _ in top],
         }
-    imb = x_val[:, fi[IMBALANCE_COLUMN[unit]]]
+    # Validation rows are decoded and scored chunk by chunk: memory is chunk x width x 8 bytes
+    # plus the per-row outputs, whatever the quarter's size.
+    n_val = fr.n_val
+    gbt = {h: np.empty(n_val, dtype=np.float64) for h in hs}
+    imb = np.empty(n_val, dtype=np.float64)
+    reg_valid = {k: np.empty(n_val, dtype=np.float64) for k in reg_names}
+    for lo in range(0, n_val, chunk_rows):
+        hi = min(n_val, lo + chunk_rows)
+        x = rows.take(np.arange(fr.val_start + lo, fr.val_start + hi), feats)
+        for h in hs:
+            gbt[h][lo:hi] = fits[h].predict(x)
+        imb[lo:hi] = x[:, fi[IMBALANCE_COLUMN[unit]]]
+        for k, c in zip(reg_names, reg_cols, strict=True):
+            reg_valid[k][lo:hi] = x[:, fi[c]]
+        del x
     base = np.clip((1.0 + np.nan_to_num(imb, nan=0.0)) / 2.0, 0.0, 1.0)
     if unit == "snapshot":
         breaks = running_breaks(val_px[:, 2], val_px[:, 1])
@@ -431,7 +504,7 @@ def _fold_signal(
         n_zero=n_zero,
         n_defined=n_def,
         clock_ns=horizon_clock_ns(val_ts, breaks, hs),
-        regimes_valid={k: x_val[:, fi[c]].copy() for k, c in zip(reg_names, reg_cols, strict=True)},
+        regimes_valid=reg_valid,
         regimes_train={k: x_tr[:, fi[c]].copy() for k, c in zip(reg_names, reg_cols, strict=True)},
         predictions={"gbt": gbt, "l1_imbalance": {h: base for h in hs}},
         info=info,

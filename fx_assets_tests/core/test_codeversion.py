@@ -156,7 +156,8 @@ EDITS: dict[str, tuple[dict[str, list[tuple[str, str]]], set[str], set[str]]] = 
                 )
             ]
         },
-        {"trained_model", "walk_forward_report"},
+        # the reports that find the fold's model through the device loader's key settings
+        {"trained_model", "walk_forward_report", "signal_report", "signal_report_stitched"},
         {"trained_model"},
     ),
     "transition warm-up (imported inside the asset function)": (

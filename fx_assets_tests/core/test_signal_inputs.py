@@ -1,12 +1,24 @@
 """The signal report's per-fold inputs: bar labels never span a contract change, the decoded
-training sample is capped, and a fold's npz round-trips and stitches in time order."""
+training sample is capped, a fold's npz round-trips and stitches in time order, the chunk size
+of the validation rows changes no number, and a trained model's predictions are used only when
+they are row for row the report's rows."""
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldRange
-from fx_assets.core.signal_inputs import FoldSignal, _bar_labels, _training_rows, stitch_signals
+from fx_assets.core.signal_inputs import (
+    FoldSignal,
+    SignalLabelConfig,
+    _bar_labels,
+    _training_rows,
+    fold_signal,
+    stitch_signals,
+    trained_predictions,
+)
 from fx_assets.core.trainers.gbt import GbtConfig
 
 
@@ -66,3 +78,135 @@ def test_fold_signal_round_trip_and_stitch(tmp_path: Path) -> None:
     np.testing.assert_array_equal(st.labels[10], np.concatenate([a.labels[10], b.labels[10]]))
     assert st.regimes_train["spread"].size == 180
     assert abs(st.unit_data().zero_share[10] - 6 / 90) < 1e-12
+
+
+# --- one fold read from fxcache files: chunked prediction, the trained model's rows -------------
+
+
+def _bar_fold(tmp: Path, n_q: int = 1500, seed: int = 5) -> tuple[list[Path], FoldRange]:
+    """Two quarters of bar rows whose next move follows the level-1 imbalance (a planted signal)."""
+    from fx_assets.core.fxcache import write_fxcache
+
+    rng = np.random.default_rng(seed)
+    n = 2 * n_q
+    imb = rng.uniform(-1.0, 1.0, n)
+    # the label of row j (entry lag 1) is the move from close[j+1] to close[j+2]
+    ret = np.concatenate([[0.0, 0.0], 2e-4 * imb[:-2]]) + 1e-4 * rng.standard_normal(n)
+    close = 100.0 * np.exp(np.cumsum(ret))
+    feats = np.column_stack(
+        [rng.integers(1, 4, n), rng.random(n), rng.random(n) * 10.0, imb, rng.standard_normal(n)]
+    )
+    names = ["spread_ticks", "rv_20", "event_rate", "l1_imbalance", "noise"]
+    ts = np.arange(n, dtype=np.int64) * 60_000_000_000
+    paths = []
+    for q in range(2):
+        sl = slice(q * n_q, (q + 1) * n_q)
+        paths.append(
+            write_fxcache(
+                tmp / f"q{q}.fxcache",
+                ts[sl],
+                {
+                    "feature": (names, feats[sl]),
+                    "price": (["close", "contract"], np.column_stack([close[sl], np.ones(n_q)])),
+                },
+                "f32",
+                bytes([q]) * 32,
+            )
+        )
+    return paths, FoldRange("2024-Q2", 0, n_q - 40, n_q, n, 40, 0, 0, 0, 0, 0, 0)
+
+
+GBT_SMALL = GbtConfig(n_estimators=20, min_data_in_leaf=20, early_stopping_rounds=5, purge_rows=40)
+BAR_LABELS = SignalLabelConfig(bar_horizons=[1, 5])
+
+
+def test_chunk_size_changes_no_number(tmp_path: Path) -> None:
+    paths, fr = _bar_fold(tmp_path)
+    whole = fold_signal(paths, fr, BAR_LABELS, GBT_SMALL, tick=0.25, chunk_rows=fr.n_val)
+    assert whole.val_ts.size == fr.n_val
+    auc1 = _auc(whole.predictions["gbt"][1], whole.labels[1])
+    assert auc1 > 0.6, auc1  # the plant is found: the predictions are real ones
+    for chunk in (7, 333, fr.n_val + 1):
+        part = fold_signal(paths, fr, BAR_LABELS, GBT_SMALL, tick=0.25, chunk_rows=chunk)
+        for m, ph in whole.predictions.items():
+            for h, p in ph.items():
+                np.testing.assert_array_equal(part.predictions[m][h], p, err_msg=f"{chunk} {m} {h}")
+        for k, v in whole.regimes_valid.items():
+            np.testing.assert_array_equal(part.regimes_valid[k], v)
+        for h, y in whole.labels.items():
+            np.testing.assert_array_equal(part.labels[h], y)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        fold_signal(paths, fr, BAR_LABELS, GBT_SMALL, tick=0.25, chunk_rows=0)
+
+
+def _auc(p: np.ndarray, y: np.ndarray) -> float:
+    from fx_assets.core.metrics import auc
+
+    m = np.isfinite(y) & (y != 0)
+    return float(auc(p[m], y[m] > 0))
+
+
+def _val_predictions(path: Path, ts: np.ndarray, score: np.ndarray) -> Path:
+    np.savez(path, ts=ts, score=score)
+    return path
+
+
+def test_trained_predictions_are_the_reports_rows_or_fail(tmp_path: Path) -> None:
+    ts = np.arange(100, 150, dtype=np.int64)
+    score = np.linspace(-3.0, 3.0, ts.size)
+    f = _val_predictions(tmp_path / "v.npz", ts, score)
+    np.testing.assert_array_equal(trained_predictions(f, ts, "mlp"), score)
+    p = trained_predictions(f, ts, "dqn")  # Q(long) - Q(short) through the logistic function
+    assert (np.diff(p) > 0).all() and ((p > 0.5) == (score > 0)).all()
+    np.testing.assert_allclose(p, 1.0 / (1.0 + np.exp(-score)), rtol=1e-14)
+    for other in (ts[1:], ts + 1, np.concatenate([ts, [200]])):  # fewer, shifted, more rows
+        with pytest.raises(FxDataError, match="not the report's"):
+            trained_predictions(f, other, "mlp")
+    bad = _val_predictions(tmp_path / "b.npz", ts, np.where(ts == 120, np.nan, score))
+    with pytest.raises(FxDataError, match="non-finite"):
+        trained_predictions(bad, ts, "mlp")
+
+
+def test_a_model_is_stitched_only_where_every_fold_has_it(tmp_path: Path) -> None:
+    a, b = _signal("2024-Q2", 0, 50, 1), _signal("2024-Q3", 100, 40, 2)
+    a2 = a.with_model("trained_mlp", np.full(50, 0.7))
+    assert a2.predictions["trained_mlp"][10].shape == (50,) and "trained_mlp" not in a.predictions
+    back = FoldSignal.load(a2.save(tmp_path / "a.npz"))
+    assert set(back.predictions) == {"gbt", "trained_mlp"}
+    with pytest.raises(FxDataError, match="other horizons or models"):
+        stitch_signals([back, b])
+    st = stitch_signals([back.without_models(["gbt"]), b])
+    assert set(st.predictions) == {"gbt"}
+    with pytest.raises(FxDataError, match="predictions for"):
+        a.with_model("m", np.zeros(3))
+
+
+def test_rows_take_decodes_exactly_the_asked_columns(tmp_path: Path) -> None:
+    from fx_assets.core.fxcache import write_fxcache
+    from fx_assets.core.signal_inputs import _Rows
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for q, n in enumerate((300, 200)):
+        paths.append(
+            write_fxcache(
+                tmp_path / f"q{q}.fxcache",
+                np.arange(n, dtype=np.int64),
+                {
+                    "feature": (["f0", "f1", "f2"], rng.standard_normal((n, 3))),
+                    "price": (["close", "contract"], np.column_stack([100 + rng.random(n), np.ones(n)])),
+                    "ofi": (["ofi_0"], rng.standard_normal((n, 1))),
+                },
+                "bf16" if q else "f32",
+                bytes([q]) * 32,
+            )
+        )
+    rows = _Rows(paths)
+    try:
+        whole = np.concatenate([c.decoded() for c in rows.caches])
+        idx = np.sort(rng.choice(500, size=120, replace=False))
+        for names in (["close", "contract"], ["ofi_0", "f1", "close"], list(rows.all_names)):
+            cols = [rows.all_names.index(n) for n in names]
+            np.testing.assert_array_equal(rows.take(idx, names), whole[idx][:, cols])
+    finally:
+        rows.close()

@@ -2,7 +2,7 @@
 
 Owns :class:`GbtConfig` and :func:`train_gbt`: fit a binary LightGBM classifier (up vs down,
 zero moves left out) on a row sample of a fold's training rows and predict P(up) for its
-validation rows. Reference: ../shared/reference/snapshot.md §5.
+validation rows (given at once, or later in chunks with :meth:`GbtResult.predict`). Reference: ../shared/reference/snapshot.md §5.
 
 Rows (oldest first) and why they are chosen this way:
 
@@ -85,6 +85,19 @@ class GbtResult:
     n_stop: int  # rows of the early-stopping block (0 without early stopping)
     importance_gain: dict[str, float] = field(default_factory=dict)  # total split gain per feature
     params: dict[str, Any] = field(default_factory=dict)  # the LightGBM parameters used
+    booster: Any = None  # the fitted lightgbm.Booster
+
+    def predict(self, x: npt.ArrayLike) -> F64:
+        """P(up) of rows ``x`` [rows, features] with the trees the result used: row by row, so
+        any split of the rows into chunks gives the same numbers (tested)."""
+        xv = np.asarray(x, dtype=np.float64)
+        if xv.ndim != 2 or xv.shape[1] != self.booster.num_feature():
+            raise FxDataError(
+                f"GbtResult.predict: x {xv.shape}, expected [rows, {self.booster.num_feature()}]"
+            )
+        if xv.shape[0] == 0:
+            return np.empty(0, dtype=np.float64)
+        return np.asarray(self.booster.predict(xv, num_iteration=self.best_iteration), dtype=np.float64)
 
 
 def _params(cfg: GbtConfig) -> dict[str, Any]:
@@ -113,7 +126,7 @@ def _binary(y: F64) -> npt.NDArray[np.bool_]:
 def train_gbt(
     x_train: npt.ArrayLike,
     y_train: npt.ArrayLike,
-    x_valid: npt.ArrayLike,
+    x_valid: npt.ArrayLike | None,
     cfg: GbtConfig | None = None,
     feature_names: list[str] | None = None,
 ) -> GbtResult:
@@ -122,13 +135,14 @@ def train_gbt(
     ``x_*``: [rows, features] (NaN allowed: LightGBM's missing value), training rows oldest
     first. ``y_train``: label per training row, up > 0, down < 0, 0 / NaN left out (the
     ``classes`` of :func:`fx_assets.core.snapshot_labels.snapshot_labels`, or signed moves).
+    ``x_valid`` None: no rows predicted here (``proba`` empty; :meth:`GbtResult.predict` later).
     """
     import lightgbm as lgb
 
     cfg = cfg or GbtConfig()
     xt = np.asarray(x_train, dtype=np.float64)
     yt = np.asarray(y_train, dtype=np.float64)
-    xv = np.asarray(x_valid, dtype=np.float64)
+    xv = np.asarray(x_valid if x_valid is not None else np.empty((0, np.shape(xt)[-1])), dtype=np.float64)
     if xt.ndim != 2 or xv.ndim != 2 or xt.shape[1] != xv.shape[1]:
         raise FxDataError(
             f"train_gbt: x_train {xt.shape} and x_valid {xv.shape} must be 2-D with equal widths"
@@ -173,7 +187,11 @@ def train_gbt(
         if cfg.early_stopping_rounds > 0 and booster.best_iteration > 0
         else (booster.current_iteration())
     )
-    proba = np.asarray(booster.predict(xv, num_iteration=best), dtype=np.float64)
+    proba = (
+        np.asarray(booster.predict(xv, num_iteration=best), dtype=np.float64)
+        if xv.shape[0]
+        else np.empty(0, dtype=np.float64)
+    )
     gain = booster.feature_importance(importance_type="gain", iteration=best)
     return GbtResult(
         proba=proba,
@@ -182,4 +200,5 @@ def train_gbt(
         n_stop=int(stop.size),
         importance_gain={nm: float(g) for nm, g in zip(names, gain, strict=True)},
         params=params,
+        booster=booster,
     )
