@@ -20,6 +20,7 @@ from pydantic import Field
 
 from fx_assets.core.bar_features import BarFeatureConfig
 from fx_assets.core.bars import BarConfig
+from fx_assets.core.configmodel import ValidatedCopy
 from fx_assets.core.lineage import FxCacheConfig, StageConfigs
 from fx_assets.core.ofi import OfiConfig
 from fx_assets.core.snapshot_features import SnapshotFeatureConfig
@@ -50,7 +51,7 @@ class SnapshotFeaturesConfig(dg.Config, SnapshotFeatureConfig):
 PIPELINE_KEY_EXCLUDED = frozenset({"bars_target_per_session"})
 
 
-class PipelineConfig(dg.ConfigurableResource):
+class PipelineConfig(ValidatedCopy, dg.ConfigurableResource):
     """Parameters of the feature stages; every field is part of the downstream cache keys."""
 
     bars: BarsConfig = Field(default_factory=BarsConfig, description="Bar formation.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
+from fx_assets.core.configmodel import ValidatedCopy
 from fx_assets.core.signal_inputs import SignalLabelConfig
 from fx_assets.core.signal_report import SignalReportConfig
 from fx_assets.core.trainers.gbt import GbtConfig
@@ -34,7 +35,7 @@ class SignalReportSettings(dg.Config, SignalReportConfig):
     """Bootstrap, regime bins and empirical-null band of the report."""
 
 
-class ResearchConfig(dg.ConfigurableResource):
+class ResearchConfig(ValidatedCopy, dg.ConfigurableResource):
     """Parameters of the signal report; every field is part of its cache key."""
 
     labels: SignalLabelsConfig = Field(default_factory=SignalLabelsConfig, description="Label horizons.")

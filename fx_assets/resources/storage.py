@@ -7,10 +7,11 @@ from pathlib import Path
 
 import dagster as dg
 
+from fx_assets.core.configmodel import ValidatedCopy
 from fx_assets.core.paths import DataLayout
 
 
-class FxStorage(dg.ConfigurableResource):
+class FxStorage(ValidatedCopy, dg.ConfigurableResource):
     """Where raw DBN files are read and derived files are written."""
 
     root: str

@@ -25,7 +25,7 @@ from pydantic import Field, PrivateAttr
 
 from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
-from fx_assets.core.configmodel import ConfigModel
+from fx_assets.core.configmodel import ConfigModel, ValidatedCopy
 from fx_assets.core.device_store import ValueDtype
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
@@ -71,7 +71,7 @@ class TrainerConfig(dg.Config, TrainParams):
     )
 
 
-class TrainingConfig(dg.ConfigurableResource):
+class TrainingConfig(ValidatedCopy, dg.ConfigurableResource):
     """Parameters of the training stages; every field is part of the model cache keys."""
 
     folds: FoldsConfig = Field(default_factory=FoldsConfig, description="Walk-forward fold construction.")

@@ -14,6 +14,7 @@ import types
 import typing
 from typing import Any, get_args, get_origin
 
+import dagster as dg
 import pydantic
 import pytest
 
@@ -119,3 +120,36 @@ def test_dagster_resource_rejects_infinite_parameters() -> None:
         PipelineConfig(bars=BarsConfig(dollar_bar_size=math.inf))
     with pytest.raises(pydantic.ValidationError, match="lr"):
         TrainerConfig(trainer="mlp", lr=math.inf)
+
+
+@pytest.mark.parametrize("cls", _fx_models(), ids=lambda c: f"{c.__module__}.{c.__qualname__}")
+def test_model_copy_with_an_update_validates_it(cls: type[pydantic.BaseModel]) -> None:
+    """``model_copy(update=...)`` is pydantic's way to derive a config, and pydantic does not
+    validate the update: a NaN or a wrong type went through. Every fx_assets model validates it."""
+    inst = _default_instance(cls)
+    floats = [n for n, f in cls.model_fields.items() if f.annotation is float]
+    if inst is None or not floats:
+        pytest.skip("no default instance or no plain float field")
+    with pytest.raises(pydantic.ValidationError, match=floats[0]):
+        inst.model_copy(update={floats[0]: math.nan})
+    assert inst.model_copy(update={}) == inst
+
+
+def test_a_resource_derived_by_model_copy_is_what_the_asset_sees() -> None:
+    """Dagster builds a resource from its config dictionary, which pydantic's ``model_copy``
+    leaves as it was: an asset was handed the old fields without a word (a test that meant to
+    train 3 epochs trained the default 20). The project's resources rebuild it."""
+    from fx_assets.resources.pipeline import FxCacheWriteConfig, PipelineConfig
+    from fx_assets.resources.training import TrainerConfig, TrainingConfig, default_training
+
+    training = default_training(1).model_copy(update={"train": TrainerConfig(trainer="mlp", epochs=3)})
+    pipeline = PipelineConfig().model_copy(update={"fxcache": FxCacheWriteConfig(row_unit="snapshot")})
+
+    @dg.asset(required_resource_keys={"training", "pipeline"})
+    def seen(context) -> tuple[int, str]:  # type: ignore[no-untyped-def]  # Dagster reads the annotation
+        training, pipeline = context.resources.training, context.resources.pipeline
+        assert isinstance(training, TrainingConfig) and isinstance(pipeline, PipelineConfig)
+        return training.train.epochs, pipeline.fxcache.row_unit
+
+    result = dg.materialize([seen], resources={"training": training, "pipeline": pipeline})
+    assert result.output_for_node("seen") == (3, "snapshot")
