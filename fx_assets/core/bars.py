@@ -49,6 +49,7 @@ from pydantic import Field, model_validator
 
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, numpy_of
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -178,7 +179,10 @@ class BarTable:
         return BarTable(**{k: v[start:stop] for k, v in self.columns().items()})
 
     def to_arrow(self) -> pa.Table:
-        return pa.Table.from_arrays([pa.array(v) for v in self.columns().values()], schema=BAR_SCHEMA)
+        # tables.array_of rather than pa.array: zero copy, and no pandas import (see array_of)
+        return pa.Table.from_arrays(
+            [array_of(self.columns()[f.name], f.type) for f in BAR_SCHEMA], schema=BAR_SCHEMA
+        )
 
     @classmethod
     def from_arrow(cls, table: pa.Table, source: str = "bars") -> BarTable:
@@ -195,8 +199,8 @@ class BarTable:
                 )
             if col.null_count:
                 raise FxDataError(f"{source}: bar column {field.name!r} has {col.null_count} nulls")
-            arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            cols[field.name] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=_NP_DTYPES[field.name])
+            # numpy_of: to_numpy without its pandas import
+            cols[field.name] = np.asarray(numpy_of(col), dtype=_NP_DTYPES[field.name])
         return cls(**cols)
 
     @classmethod

@@ -33,6 +33,7 @@ from fx_assets.core.calendar import interval_of
 from fx_assets.core.contracts import expiry_of, is_spread
 from fx_assets.core.dbn import SymbolInterval
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, dates_of, strings_of
 
 _EPOCH = dt.date(1970, 1, 1)
 _SLICE = 1 << 22  # records per pass slice (bounds the temporaries)
@@ -83,13 +84,14 @@ class RollCalendar:
         return self.events
 
     def to_arrow(self) -> pa.Table:
-        return pa.table(
+        # tables.array_of & co. rather than pa.array: no pandas import (see array_of)
+        return pa.Table.from_arrays(
             [
-                pa.array(self.session_day, pa.int32()),
-                pa.array(self.instrument_id, pa.uint32()),
-                pa.array(list(self.raw_symbol), pa.string()),
-                pa.array(list(self.expiry), pa.date32()),
-                pa.array(self.is_roll, pa.bool_()),
+                array_of(np.asarray(self.session_day, np.int32), pa.int32()),
+                array_of(np.asarray(self.instrument_id, np.uint32), pa.uint32()),
+                strings_of(self.raw_symbol),
+                dates_of(self.expiry),
+                array_of(np.asarray(self.is_roll, np.bool_), pa.bool_()),
             ],
             schema=ROLL_SCHEMA,
         )
