@@ -1391,7 +1391,13 @@ def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
 
 
 def _session_progress(x: _Ctx) -> F64:
-    open_, close = calendar.session_bounds_utc(x.bars.session_id)
+    # session bounds once per run of equal session ids (a session holds thousands of bars),
+    # then repeated: the same values as looking up every bar's session
+    s = x.bars.session_id
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if len(s) else np.zeros(0, np.int64)
+    open_u, close_u = calendar.session_bounds_utc(s[starts])
+    runs = np.diff(np.append(starts, len(s)))
+    open_, close = np.repeat(open_u, runs), np.repeat(close_u, runs)
     return (x.bars.ts_close - open_).astype(np.float64) / (close - open_).astype(np.float64)
 
 
