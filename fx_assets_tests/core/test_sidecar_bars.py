@@ -55,7 +55,7 @@ def test_sidecar_bars_equal_bars_of_active_trades(
     path, cal = quarter
     monkeypatch.setattr(bar_rows, "_MIN_RECORDS_PER_THREAD", 1000)
     monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
-    config = BarConfig(kind=kind, volume_bar_size=20, dollar_bar_size=20 * 50 * 5000.0)  # type: ignore[arg-type]
+    config = BarConfig(kind=kind, volume_bar_size=20, dollar_bar_size=20 * 50 * 5000.0)
     assert _same(path, cal, config) > 100
 
 
@@ -70,7 +70,7 @@ def test_shards_that_do_not_meet_at_a_session_change_are_built_in_one(
     calls: list[list[int]] = []
     shards = bar_rows._bar_shards
 
-    def spy(cols, bounds, act, days, cuts, config):  # type: ignore[no-untyped-def]
+    def spy(cols, bounds, act, days, cuts, config):
         calls.append(list(cuts))
         return shards(cols, bounds, act, days, cuts, config)
 
