@@ -6,6 +6,8 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 
 - ``quarter_bars``: bars of the active trades. Bar state resets at every session start, so a
   quarter's bars never depend on another quarter.
+- ``sidecar_bars``: the bars stage's path: the same bars in one pass over the trades sidecar
+  (active-contract selection fused with the bar kernel), sharded at session opens over threads.
 - ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
   bars so that no bar of an interior quarter is dropped.
 - ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
