@@ -415,7 +415,7 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
 
     from fx_assets import definitions
     from fx_assets.assets.common import StageIO, require_sidecar
-    from fx_assets.assets.features import _active, _book, _load_bars, warmup_bars
+    from fx_assets.assets.features import _book, _load_bars, warmup_bars
     from fx_assets.core import ofi as ofi_core
     from fx_assets.core import roll as roll_core
     from fx_assets.core.active_contract import active_trade_flow
@@ -436,6 +436,17 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     from fx_assets.resources.storage import FxStorage
 
     flow_fn = active_trade_flow  # the OFI asset's trade loader
+    try:  # the bars asset's one pass (bar_rows.sidecar_bars), where this checkout has it
+        from fx_assets.core import verify
+        from fx_assets.core.active_contract import active_trades, roll_calendar_from_table
+        from fx_assets.core.bar_rows import sidecar_bars
+    except ImportError:
+        sidecar_bars = None  # type: ignore[assignment]
+
+    def _active(io: Any, quarter: Any) -> Any:
+        cal = roll_calendar_from_table(read_table(io.require("roll_calendar", quarter)))
+        return active_trades(io.sidecar("trades", quarter).path, cal)
+
     import_s = time.perf_counter() - t_imp
     storage = FxStorage(root=root)
     part = QuarterSymbol(parse_quarter(quarter), SYMBOL)
@@ -461,13 +472,28 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
 
     def bars() -> Any:
         io = new_io()
-        trades = _active(io, q)
-        table = quarter_bars(trades, io.cfg.bars)
-        write_table(io.path("bars"), table.to_arrow())
-        bars_per_session(table)
-        if float(table.volume.sum()) != float(trades.size.sum()):
-            raise RuntimeError("bar volume != traded volume")
-        return {"bars": len(table), "trades_used": len(trades), "trades_in_file": trades.n_source}
+        if sidecar_bars is None:  # a checkout before bar_rows.sidecar_bars
+            trades = _active(io, q)
+            table = quarter_bars(trades, io.cfg.bars)
+            write_table(io.path("bars"), table.to_arrow())
+            bars_per_session(table)
+            if float(table.volume.sum()) != float(trades.size.sum()):
+                raise RuntimeError("bar volume != traded volume")
+            return {"bars": len(table), "trades_used": len(trades), "trades_in_file": trades.n_source}
+        cal = roll_calendar_from_table(read_table(io.require("roll_calendar", q)))
+        path = io.sidecar("trades", q).path
+        built = sidecar_bars(path, cal, io.cfg.bars)
+        out = write_table(io.path("bars"), built.bars.to_arrow())
+        bars_per_session(built.bars)
+        verify.bar_volume_totals(
+            built.bars,
+            built.n_trades,
+            built.volume,
+            partition=part.label,
+            bars_path=out,
+            trades=lambda: active_trades(path, cal),
+        )
+        return {"bars": len(built.bars), "trades_used": built.n_trades, "trades_in_file": built.n_source}
 
     def bar_features() -> Any:
         io = new_io()

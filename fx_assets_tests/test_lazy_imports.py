@@ -66,3 +66,32 @@ def test_no_numba_kernel_is_loaded_at_import() -> None:
     n, loaded = out.stdout.strip().splitlines()[-1].split(" ", 1)
     assert int(n) > 10, "the kernels were not found (the check would pass vacuously)"
     assert loaded == "[]", f"kernels loaded at import: {loaded}"
+
+
+def test_stage_tables_round_trip_without_pandas() -> None:
+    """Writing and reading the roll calendar, bars and bar-feature tables loads no pandas:
+    ``pa.array`` / ``to_numpy`` / ``to_pydict`` import it on first use (~0.3 s CPU in every
+    run process of these stages); ``tables.array_of`` & co. read and write the buffers."""
+    statement = (
+        "import datetime as dt, tempfile, pathlib, numpy as np; "
+        "from fx_assets.core import tables; "
+        "from fx_assets.core.active_contract import roll_calendar_from_table; "
+        "from fx_assets.core.bar_features import FeatureTable, compute_bar_features; "
+        "from fx_assets.core.bars import BarConfig, BarTable, build_bars; "
+        "from fx_assets.core.roll import RollCalendar; "
+        "d = pathlib.Path(tempfile.mkdtemp()); "
+        "cal = RollCalendar(np.array([19900, 19901], np.int32), np.array([7, 8], np.uint32), "
+        "('ESU4', None), (dt.date(2024, 9, 20), None), np.array([False, True]), ()); "
+        "tables.write_table(d / 'r.arrow', cal.to_arrow()); "
+        "back = roll_calendar_from_table(tables.read_table(d / 'r.arrow')); "
+        "assert back.raw_symbol == cal.raw_symbol and back.expiry == cal.expiry; "
+        "n = 4000; ts = 1_720_000_000_000_000_000 + np.arange(n, dtype=np.int64) * 10**9; "
+        "bars = build_bars(ts, 5000 + np.sin(np.arange(n)), np.ones(n), np.zeros(n, np.int8), "
+        "np.full(n, 19900, np.int32), np.full(n, 7, np.uint32), BarConfig(volume_bar_size=5)); "
+        "tables.write_table(d / 'b.arrow', bars.to_arrow()); "
+        "bars = BarTable.from_arrow(tables.read_table(d / 'b.arrow')); "
+        "f = compute_bar_features(bars); tables.write_table(d / 'f.arrow', f.to_arrow()); "
+        "FeatureTable.from_arrow(tables.read_table(d / 'f.arrow'))"
+    )
+    got = [m for m in loaded_after(statement) if m.split(".")[0] == "pandas"]
+    assert not got, f"the stage tables load pandas ({len(got)} modules)"

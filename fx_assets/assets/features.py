@@ -26,13 +26,18 @@ from fx_assets.automation import CHAIN
 from fx_assets.core import lineage, verify
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import (
-    ActiveTrades,
     active_trade_flow,
     active_trades,
     roll_calendar_from_table,
 )
 from fx_assets.core.bar_features import FeatureTable, validate_features
-from fx_assets.core.bar_rows import assemble_fxcache_columns, quarter_bar_features, quarter_bars, quarter_ofi
+from fx_assets.core.bar_rows import (
+    SidecarBars,
+    assemble_fxcache_columns,
+    quarter_bar_features,
+    quarter_ofi,
+    sidecar_bars,
+)
 from fx_assets.core.bars import BarTable, bars_per_session, check_bar_density
 from fx_assets.core.book import BookSource
 from fx_assets.core.calendar import session_label
@@ -49,11 +54,6 @@ from fx_assets.resources.storage import FxStorage
 def _load_bars(io: StageIO, quarter) -> BarTable:
     path = io.require("bars", quarter)
     return BarTable.from_arrow(read_table(path), str(path))
-
-
-def _active(io: StageIO, quarter) -> ActiveTrades:
-    cal = roll_calendar_from_table(read_table(io.require("roll_calendar", quarter)))
-    return active_trades(io.sidecar("trades", quarter).path, cal)
 
 
 def _book(io: StageIO, quarter) -> BookSource:
@@ -92,23 +92,34 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        trades = _active(io, part.quarter)
-        table = _guard(part, lambda: quarter_bars(trades, io.cfg.bars))
-        assert isinstance(table, BarTable)
+        cal = roll_calendar_from_table(read_table(io.require("roll_calendar", part.quarter)))
+        trades_path = io.sidecar("trades", part.quarter).path
+        built = _guard(part, lambda: sidecar_bars(trades_path, cal, io.cfg.bars))
+        assert isinstance(built, SidecarBars)
+        table = built.bars
         out = write_table(io.path("bars"), table.to_arrow())
         seconds = time.perf_counter() - t0
         sessions, counts = bars_per_session(table)
-        # The volume_conserved check's own evaluation, on the trades in memory (the check would
-        # rebuild them from the sidecar): recorded for these bytes, so the check reuses it.
+        # The volume_conserved check's own evaluation, on the trade totals of the pass that
+        # built the bars (the check would rebuild the trades from the sidecar): recorded for
+        # these bytes, so the check reuses it.
         figures = _guard(
-            part, lambda: verify.bar_volume_figures(table, trades, partition=part.label, bars_path=out)
+            part,
+            lambda: verify.bar_volume_totals(
+                table,
+                built.n_trades,
+                built.volume,
+                partition=part.label,
+                bars_path=out,
+                trades=lambda: active_trades(trades_path, cal),
+            ),
         )
         assert isinstance(figures, dict)
         recorded_verdict(out, "volume_conserved", volume_check_inputs(io), lambda: figures)
         target = pipeline.bars_target_per_session
         if target is None and io.cfg.bars.kind in ("tick_imbalance", "volume_imbalance") and len(sessions):
             # Imbalance bars aim at about T_init ticks per bar: warn when the density drifts far.
-            target = max(int(len(trades) / len(sessions) / io.cfg.bars.imbalance_expected_ticks_init), 1)
+            target = max(int(built.n_trades / len(sessions) / io.cfg.bars.imbalance_expected_ticks_init), 1)
         warning = check_bar_density(table, target) if target else None
         if warning:
             context.log.warning(f"{part.label}: {warning}")
@@ -126,8 +137,8 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             out,
             part,
             bars=len(table),
-            trades_used=len(trades),
-            trades_in_file=trades.n_source,
+            trades_used=built.n_trades,
+            trades_in_file=built.n_source,
             sessions=len(sessions),
             bars_per_session_mean=round(float(counts.mean()), 1) if counts.size else 0.0,
             bars_per_session_min=int(counts.min()) if counts.size else 0,

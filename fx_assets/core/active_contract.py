@@ -32,6 +32,7 @@ from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
+from fx_assets.core.tables import numpy_of, py_dates, py_strings
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -51,11 +52,20 @@ def quarter_roll_calendar(trades_sidecar: Path, prev_trades_sidecar: Path | None
 
 def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
     """Inverse of ``RollCalendar.to_arrow`` (events rebuilt from the roll flags)."""
-    d = table.to_pydict()
-    sess = np.asarray(d["session_day"], dtype=np.int32)
-    iid = np.asarray(d["instrument_id"], dtype=np.uint32)
-    is_roll = np.asarray(d["is_roll"], dtype=bool)
     from fx_assets.core.roll import RollEvent
+
+    # the column readers of ``tables``, not to_pydict: no pandas import (see tables.array_of)
+    t = table.combine_chunks()
+
+    def column(name: str) -> pa.Array:
+        col = t.column(name)
+        return col.chunk(0) if col.num_chunks else pa.array([], col.type)
+
+    sess = np.array(numpy_of(column("session_day")), dtype=np.int32)
+    iid = np.array(numpy_of(column("instrument_id")), dtype=np.uint32)
+    is_roll = np.array(numpy_of(column("is_roll")), dtype=bool)
+    symbols = py_strings(column("raw_symbol"))
+    expiry = py_dates(column("expiry"))
 
     # A roll on the first row came from a contract of the previous quarter (unknown here: 0).
     events = tuple(
@@ -63,12 +73,12 @@ def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
             int(sess[i]),
             int(iid[i - 1]) if i > 0 else 0,
             int(iid[i]),
-            d["raw_symbol"][i - 1] if i > 0 else None,
-            d["raw_symbol"][i],
+            symbols[i - 1] if i > 0 else None,
+            symbols[i],
         )
         for i in np.flatnonzero(is_roll)
     )
-    return RollCalendar(sess, iid, tuple(d["raw_symbol"]), tuple(d["expiry"]), is_roll, events)
+    return RollCalendar(sess, iid, tuple(symbols), tuple(expiry), is_roll, events)
 
 
 def contract_codes_of(calendar: RollCalendar) -> Callable[[npt.ArrayLike], F64]:

@@ -48,6 +48,7 @@ from fx_assets.core import calendar
 from fx_assets.core.bars import BarTable
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, numpy_of
 
 F64 = npt.NDArray[np.float64]
 
@@ -1594,7 +1595,13 @@ def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
 
 
 def _session_progress(x: _Ctx) -> F64:
-    open_, close = calendar.session_bounds_utc(x.bars.session_id)
+    # session bounds once per run of equal session ids (a session holds thousands of bars),
+    # then repeated: the same values as looking up every bar's session
+    s = x.bars.session_id
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if len(s) else np.zeros(0, np.int64)
+    open_u, close_u = calendar.session_bounds_utc(s[starts])
+    runs = np.diff(np.append(starts, len(s)))
+    open_, close = np.repeat(open_u, runs), np.repeat(close_u, runs)
     return (x.bars.ts_close - open_).astype(np.float64) / (close - open_).astype(np.float64)
 
 
@@ -1628,8 +1635,9 @@ class FeatureTable:
         return int(self.ts_close.shape[0])
 
     def to_arrow(self) -> pa.Table:
-        arrays = [pa.array(self.ts_close, type=pa.int64())]
-        arrays += [pa.array(v, type=pa.float64()) for v in self.columns.values()]
+        # tables.array_of rather than pa.array: zero copy, and no pandas import (see array_of)
+        arrays = [array_of(np.asarray(self.ts_close, np.int64), pa.int64())]
+        arrays += [array_of(np.asarray(v, np.float64), pa.float64()) for v in self.columns.values()]
         names = ["ts_close", *self.columns]
         meta = {
             b"fx.n_prior_bars": str(self.n_prior).encode(),
@@ -1650,8 +1658,9 @@ class FeatureTable:
         missing = [n for n in ["ts_close", *names] if n not in table.column_names]
         if missing:
             raise FxDataError(f"{source}: missing feature columns {missing}")
-        cols = {n: np.asarray(table.column(n).to_numpy(), dtype=np.float64) for n in names}
-        ts = np.asarray(table.column("ts_close").to_numpy(), dtype=np.int64)
+        # numpy_of: to_numpy without its pandas import
+        cols = {n: np.asarray(numpy_of(table.column(n)), dtype=np.float64) for n in names}
+        ts = np.asarray(numpy_of(table.column("ts_close")), dtype=np.int64)
         return cls(ts_close=ts, columns=cols, n_prior=n_prior, config=config)
 
 

@@ -6,6 +6,8 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 
 - ``quarter_bars``: bars of the active trades. Bar state resets at every session start, so a
   quarter's bars never depend on another quarter.
+- ``sidecar_bars``: the bars stage's path: the same bars in one pass over the trades sidecar
+  (active-contract selection fused with the bar kernel), sharded at session opens over threads.
 - ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
   bars so that no bar of an interior quarter is dropped.
 - ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
@@ -21,15 +23,33 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.active_contract import ActiveTrades, TradeFlow, _active_table, contract_codes_of
+from fx_assets.core.active_contract import (
+    ActiveTrades,
+    TradeFlow,
+    _active_table,
+    active_trades,
+    contract_codes_of,
+)
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable, compute_bar_features, max_window
-from fx_assets.core.bars import BarConfig, BarTable, build_bars
+from fx_assets.core.bars import (
+    BarConfig,
+    BarTable,
+    _finish,
+    _session_cut_nb,
+    _sidecar_threshold_bars_nb,
+    build_bars,
+)
 from fx_assets.core.book import DEFAULT_BOOK_CHUNK, BookSource, _book_columns, _book_rows, _BookBuffers
+from fx_assets.core.calendar import _year_range
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import ColumnBlock
 from fx_assets.core.mid_asof import book_mid_asof
@@ -50,6 +70,141 @@ TRADE_WEIGHT = 8
 def quarter_bars(trades: ActiveTrades, config: BarConfig) -> BarTable:
     return build_bars(
         trades.ts, trades.price, trades.size, trades.sign, trades.session, trades.instrument_id, config
+    )
+
+
+@dataclass(frozen=True)
+class SidecarBars:
+    """The bars of a trades sidecar's active-contract trades, and what they were built from:
+    ``n_trades`` / ``volume`` of those trades (the volume check's side), ``n_source`` records
+    in the file."""
+
+    bars: BarTable
+    n_trades: int
+    volume: float
+    n_source: int
+
+
+# Below this many records per thread one pass is faster than starting threads.
+_MIN_RECORDS_PER_THREAD = 1 << 20
+
+
+def sidecar_bars(trades_sidecar: Path, calendar: RollCalendar, config: BarConfig) -> SidecarBars:
+    """``quarter_bars(active_trades(trades_sidecar, calendar), config)`` in one pass over the
+    memory-mapped sidecar, without the active trades in between (the same bars, bit for bit,
+    and the same errors).
+
+    Volume and dollar bars: the records are cut at session opens into one contiguous shard per
+    thread (numba's thread count), each shard's bars built by a nogil kernel on its own thread
+    and concatenated. Bar state restarts at every session start (and at a roll, which is a
+    session start), so the bars do not depend on the cut; the shards are checked to meet in
+    time order at a change of session or contract, else the records are built in one shard.
+    Imbalance bars (whose expectations carry across sessions) go through ``active_trades``.
+    """
+    if config.kind not in ("volume", "dollar"):
+        trades = active_trades(trades_sidecar, calendar)
+        bars = quarter_bars(trades, config)
+        return SidecarBars(bars, len(trades), float(trades.size.sum()), trades.n_source)
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    ts = cols["ts_recv"]
+    n = int(ts.shape[0])
+    # The session table of the first and last records' years; the pass checks that every
+    # record's time fell in those years (else: again with the table of their full range).
+    span = np.array([ts[0], ts[-1]] if n else [0, 0], np.int64)
+    while True:
+        bounds, act, days = _active_table(calendar, span)
+        parts = max(1, min(int(numba.get_num_threads()), n // _MIN_RECORDS_PER_THREAD))
+        cuts = [0]
+        for p in range(1, parts):
+            cuts.append(max(cuts[-1], int(_session_cut_nb(ts, bounds, n * p // parts))))
+        cuts.append(n)
+        shards = _bar_shards(cols, bounds, act, days, cuts, config)
+        if len(shards) > 1 and not _shards_meet(shards):
+            shards = _bar_shards(cols, bounds, act, days, [0, n], config)
+        if any(err[0] for _, _, err in shards):
+            # a record that is not a trade, or trades out of time order: active_trades raises
+            # the error it would have raised
+            trades = active_trades(trades_sidecar, calendar)
+            return SidecarBars(quarter_bars(trades, config), len(trades), float(trades.size.sum()), n)
+        seen = np.array([min(int(i[7]) for _, i, _ in shards), max(int(i[8]) for _, i, _ in shards)])
+        if not n or _year_range(seen) == _year_range(span):
+            break
+        span = seen
+    nbs = [int(sh[0][5]) for sh in shards]
+    if len(shards) == 1:
+        of, oi, o_inst, o_sess, o_forced = shards[0][0][:5]
+        nb = nbs[0]
+        if of.shape[1] > 2 * nb + 1024:  # do not pin the slack of the grown outputs
+            of, oi = of[:, :nb].copy(), oi[:, :nb].copy()
+            o_inst, o_sess, o_forced = o_inst[:nb].copy(), o_sess[:nb].copy(), o_forced[:nb].copy()
+    else:
+        outs = [(sh[0], nb) for sh, nb in zip(shards, nbs, strict=True)]
+        of = np.concatenate([o[0][:, :nb] for o, nb in outs], axis=1)
+        oi = np.concatenate([o[1][:, :nb] for o, nb in outs], axis=1)
+        o_inst, o_sess, o_forced = (np.concatenate([o[j][:nb] for o, nb in outs]) for j in (2, 3, 4))
+        nb = sum(nbs)
+    volume = 0.0
+    for sh in shards:
+        volume += float(sh[0][6])  # integer sums: exact in any order
+    kept = sum(int(sh[1][0]) for sh in shards)
+    return SidecarBars(_finish(of, oi, nb, o_inst, o_sess, o_forced), kept, volume, n)
+
+
+def _bar_shards(
+    cols: dict[str, np.ndarray],
+    bounds: I64,
+    act: I64,
+    days: npt.NDArray[np.int32],
+    cuts: list[int],
+    config: BarConfig,
+) -> list[tuple[tuple, I64, I64]]:
+    """``_sidecar_threshold_bars_nb`` on records ``cuts[p]:cuts[p + 1]``, one thread each:
+    (outputs, info, err) per shard."""
+    dollar = config.kind == "dollar"
+    threshold = float(config.dollar_bar_size if dollar else config.volume_bar_size)
+    mult = float(config.multiplier)
+    ts, iid, price, size, side, action = (
+        cols[k] for k in ("ts_recv", "instrument_id", "price", "size", "side", "action")
+    )
+
+    def run(p: int) -> tuple[tuple, I64, I64]:
+        lo, hi = cuts[p], cuts[p + 1]
+        info, err = np.zeros(9, np.int64), np.zeros(2, np.int64)
+        # about one bar per 50 records on ES; the kernel grows its outputs beyond that
+        cap = (hi - lo) // 32 + 1024
+        out = _sidecar_threshold_bars_nb(
+            ts,
+            iid,
+            price,
+            size,
+            side,
+            action,
+            bounds,
+            act,
+            days,
+            lo,
+            hi,
+            dollar,
+            threshold,
+            mult,
+            cap,
+            err,
+            info,
+        )
+        return out, info, err
+
+    if len(cuts) == 2:
+        return [run(0)]
+    with ThreadPoolExecutor(len(cuts) - 1) as pool:
+        return list(pool.map(run, range(len(cuts) - 1)))
+
+
+def _shards_meet(shards: list[tuple[tuple, I64, I64]]) -> bool:
+    """Consecutive shards with trades meet in time order at a change of session or contract
+    (where one pass would have closed the bar too)."""
+    full = [info for _, info, _ in shards if info[0]]
+    return all(
+        a[2] <= b[1] and (int(a[5]), int(a[6])) != (int(b[3]), int(b[4])) for a, b in itertools.pairwise(full)
     )
 
 

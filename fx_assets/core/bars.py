@@ -47,8 +47,11 @@ import pyarrow as pa
 from numba import njit
 from pydantic import Field, model_validator
 
+from fx_assets.core.calendar import interval_of
 from fx_assets.core.configmodel import ConfigModel
+from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, numpy_of
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -178,7 +181,10 @@ class BarTable:
         return BarTable(**{k: v[start:stop] for k, v in self.columns().items()})
 
     def to_arrow(self) -> pa.Table:
-        return pa.Table.from_arrays([pa.array(v) for v in self.columns().values()], schema=BAR_SCHEMA)
+        # tables.array_of rather than pa.array: zero copy, and no pandas import (see array_of)
+        return pa.Table.from_arrays(
+            [array_of(self.columns()[f.name], f.type) for f in BAR_SCHEMA], schema=BAR_SCHEMA
+        )
 
     @classmethod
     def from_arrow(cls, table: pa.Table, source: str = "bars") -> BarTable:
@@ -195,8 +201,8 @@ class BarTable:
                 )
             if col.null_count:
                 raise FxDataError(f"{source}: bar column {field.name!r} has {col.null_count} nulls")
-            arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            cols[field.name] = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=_NP_DTYPES[field.name])
+            # numpy_of: to_numpy without its pandas import
+            cols[field.name] = np.asarray(numpy_of(col), dtype=_NP_DTYPES[field.name])
         return cls(**cols)
 
     @classmethod
@@ -517,6 +523,171 @@ def _aggregate_nb(ts, price, size, b, close_idx):
         oi[2, j] = end - start + 1
         start = end + 1
     return of, oi
+
+
+# --- bars straight from a trades sidecar ------------------------------------------------------
+
+_ERR_ACTION = 6  # a record that is not a trade (the wrapper raises check_trade_actions' message)
+_ACTION_TRADE = ord("T")
+_SIDE_BUY = ord("B")
+_SIDE_SELL = ord("A")
+
+
+@njit(cache=True, nogil=True)
+def _sidecar_threshold_bars_nb(ts, iid, price, size, side, action, bounds, act, days, lo, hi, dollar, threshold, multiplier, cap, err, info):  # fmt: skip
+    """``_threshold_bars_nb`` fed straight from the sidecar records ``lo:hi`` (no
+    ``ActiveTrades`` in between): a record is taken exactly when ``active_trades`` keeps it (its
+    session's active contract, defined positive price and size) and decoded as it decodes it
+    (price / PRICE_DIVISOR, float size, aggressor sign from ``side``, the session day), so the
+    bars are the ones ``build_bars(active_trades(...))`` gives. Outputs grow as needed.
+
+    ``info`` receives: kept trades, first / last kept ts, their (session, instrument), and the
+    min / max ts of all records (the caller checks its session table covered them); ``err``:
+    (code, record) for a non-trade record or kept trades out of ts order.
+    Returns ``(of, oi, o_inst, o_sess, o_forced, nb, kept volume)``.
+    """
+    cap = max(cap, 16)
+    of = np.empty((7, cap), np.float64)
+    oi = np.empty((3, cap), np.int64)
+    o_inst = np.empty(cap, np.uint32)
+    o_sess = np.empty(cap, np.int32)
+    o_forced = np.empty(cap, np.bool_)
+    nb = 0
+    started = False
+    open_ = False
+    b_ts0 = 0
+    b_o = 0.0
+    b_h = 0.0
+    b_l = 0.0
+    b_v = 0.0
+    b_buy = 0.0
+    b_pv = 0.0
+    b_acc = 0.0
+    b_n = 0
+    prev_ts = 0
+    prev_p = 0.0
+    prev_b = 0
+    cur_sess = 0
+    cur_inst = 0
+    kept = 0
+    volume = 0.0
+    mn = np.iinfo(np.int64).max
+    mx = np.iinfo(np.int64).min
+    k = 0
+    for i in range(lo, hi):
+        t = ts[i]
+        mn = min(mn, t)
+        mx = max(mx, t)
+        if action[i] != _ACTION_TRADE:
+            err[0] = _ERR_ACTION
+            err[1] = i
+            break
+        # the selection of active_contract._active_keep_nb
+        k = interval_of(bounds, t, k)
+        if not k & 1:
+            continue
+        a = act[(k - 1) >> 1]
+        x = iid[i]
+        q = price[i]
+        if a < 0 or int(x) != a or q == UNDEF_PRICE or q <= 0 or size[i] <= 0:
+            continue
+        # the values of active_contract._active_write_nb
+        p = q / PRICE_DIVISOR
+        v = float(size[i])
+        c = side[i]
+        sg = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)
+        s_i = days[(k - 1) >> 1]
+        if not started:
+            started = True
+            cur_sess = s_i
+            cur_inst = x
+            prev_ts = t
+            prev_p = p
+            info[1] = t
+            info[3] = s_i
+            info[4] = x
+        if t < prev_ts:
+            err[0] = _ERR_TS
+            err[1] = i
+            break
+        kept += 1
+        volume += v  # exact: integer sizes, float64 sums below 2**53
+        if nb + 1 >= cap:  # room for this bar and a forced close
+            cap *= 2
+            of2 = np.empty((7, cap), np.float64)
+            oi2 = np.empty((3, cap), np.int64)
+            of2[:, :nb] = of[:, :nb]
+            oi2[:, :nb] = oi[:, :nb]
+            of = of2
+            oi = oi2
+            o_inst = np.concatenate((o_inst[:nb], np.empty(cap - nb, np.uint32)))
+            o_sess = np.concatenate((o_sess[:nb], np.empty(cap - nb, np.int32)))
+            o_forced = np.concatenate((o_forced[:nb], np.empty(cap - nb, np.bool_)))
+        # from here on, _threshold_bars_nb's loop body
+        if s_i != cur_sess or x != cur_inst:
+            if open_:
+                _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, prev_ts, b_o, b_h, b_l,
+                       prev_p, b_v, b_buy, b_pv, b_n, cur_inst, cur_sess, True)  # fmt: skip
+                nb += 1
+                open_ = False
+            cur_sess = s_i
+            cur_inst = x
+            prev_b = 0  # tick rule restarts at a session start and at a roll
+            prev_p = p
+        b = _resolve_sign(sg, p, prev_p, prev_b)
+        if not open_:
+            open_ = True
+            b_ts0 = t
+            b_o = p
+            b_h = p
+            b_l = p
+            b_v = 0.0
+            b_buy = 0.0
+            b_pv = 0.0
+            b_acc = 0.0
+            b_n = 0
+        b_h = max(b_h, p)
+        b_l = min(b_l, p)
+        b_v += v
+        b_pv += p * v
+        b_buy += v * (b > 0)
+        b_n += 1
+        if dollar:
+            b_acc += p * v * multiplier
+        else:
+            b_acc += v
+        prev_ts = t
+        prev_p = p
+        prev_b = b
+        if b_acc >= threshold:
+            _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, t, b_o, b_h, b_l, p, b_v,
+                   b_buy, b_pv, b_n, cur_inst, cur_sess, False)  # fmt: skip
+            nb += 1
+            open_ = False
+    if open_ and err[0] == _OK:
+        _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, prev_ts, b_o, b_h, b_l, prev_p,
+               b_v, b_buy, b_pv, b_n, cur_inst, cur_sess, True)  # fmt: skip
+        nb += 1
+    info[0] = kept
+    info[2] = prev_ts
+    info[5] = cur_sess
+    info[6] = cur_inst
+    info[7] = mn
+    info[8] = mx
+    return of, oi, o_inst, o_sess, o_forced, nb, volume
+
+
+@njit(cache=True, nogil=True)
+def _session_cut_nb(ts, bounds, i):  # fmt: skip
+    """The first record at or after ``i`` that opens a later session than record ``i``'s
+    (``ts.shape[0]`` if none): a place to split the records where no bar can span the cut."""
+    k0 = interval_of(bounds, ts[i], 0)
+    k = k0
+    for j in range(i, ts.shape[0]):
+        k = interval_of(bounds, ts[j], k)
+        if k != k0 and k & 1:
+            return j
+    return ts.shape[0]
 
 
 # --- wrappers -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from fx_assets.core.calendar import interval_of
 from fx_assets.core.contracts import expiry_of, is_spread
 from fx_assets.core.dbn import SymbolInterval
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, dates_of, strings_of
 
 _EPOCH = dt.date(1970, 1, 1)
 _SLICE = 1 << 22  # records per pass slice (bounds the temporaries)
@@ -83,13 +84,14 @@ class RollCalendar:
         return self.events
 
     def to_arrow(self) -> pa.Table:
-        return pa.table(
+        # tables.array_of & co. rather than pa.array: no pandas import (see array_of)
+        return pa.Table.from_arrays(
             [
-                pa.array(self.session_day, pa.int32()),
-                pa.array(self.instrument_id, pa.uint32()),
-                pa.array(list(self.raw_symbol), pa.string()),
-                pa.array(list(self.expiry), pa.date32()),
-                pa.array(self.is_roll, pa.bool_()),
+                array_of(np.asarray(self.session_day, np.int32), pa.int32()),
+                array_of(np.asarray(self.instrument_id, np.uint32), pa.uint32()),
+                strings_of(self.raw_symbol),
+                dates_of(self.expiry),
+                array_of(np.asarray(self.is_roll, np.bool_), pa.bool_()),
             ],
             schema=ROLL_SCHEMA,
         )
@@ -187,10 +189,15 @@ def _session_volume_nb(
     cnt: npt.NDArray[np.int64],
     start: int,
     end: int,
+    mm: npt.NDArray[np.int64],
 ) -> int:
     """Add the size / count of trades ``start:end`` to ``[session, id]`` (rows: the sessions of
     ``bounds``, see ``calendar.session_table``; columns: sorted ``ids``); halts and weekends
-    skipped. Returns the record where an id not in ``ids`` stops the pass (``end`` when done)."""
+    skipped; ``mm`` widened to the min / max ``ts`` seen (the caller checks that ``bounds``
+    covered them: no separate pass for the range). Returns the record where an id not in
+    ``ids`` stops the pass (``end`` when done)."""
+    lo_t = mm[0]
+    hi_t = mm[1]
     k = 0
     last_id = -1
     col = -1
@@ -201,7 +208,10 @@ def _session_volume_nb(
     acc_v = 0.0
     acc_n = 0
     for i in range(start, end):
-        k = interval_of(bounds, ts[i], k)
+        t = ts[i]
+        lo_t = min(lo_t, t)
+        hi_t = max(hi_t, t)
+        k = interval_of(bounds, t, k)
         if not k & 1:
             continue
         x = int(iid[i])
@@ -220,6 +230,8 @@ def _session_volume_nb(
                     if acc_n:
                         vol[row, col] += acc_v
                         cnt[row, col] += acc_n
+                    mm[0] = lo_t
+                    mm[1] = hi_t
                     return i
                 new_col = lo
             else:
@@ -237,6 +249,8 @@ def _session_volume_nb(
     if acc_n:
         vol[row, col] += acc_v
         cnt[row, col] += acc_n
+    mm[0] = lo_t
+    mm[1] = hi_t
     return end
 
 
@@ -258,6 +272,18 @@ def _is_sorted_nb(ts: npt.NDArray[np.int64]) -> bool:
     return True
 
 
+def _is_sorted(ts: npt.NDArray[np.int64]) -> bool:
+    """``ts`` is non-decreasing: contiguous chunks checked on threads (nogil), then where they meet."""
+    n = int(ts.shape[0])
+    parts = _volume_threads(n)
+    if parts == 1:
+        return bool(_is_sorted_nb(ts))
+    cuts = [n * p // parts for p in range(parts + 1)]
+    with ThreadPoolExecutor(parts) as pool:
+        oks = list(pool.map(lambda p: bool(_is_sorted_nb(ts[cuts[p] : cuts[p + 1]])), range(parts)))
+    return all(oks) and all(ts[c - 1] <= ts[c] for c in cuts[1:-1])
+
+
 def _last_session_volume(
     path: Path | str, ids: npt.NDArray[np.int64], before: int
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint32], npt.NDArray[np.float64]] | None:
@@ -270,7 +296,7 @@ def _last_session_volume(
     from fx_assets.core.sidecar import sidecar_columns
 
     ts = sidecar_columns(path, ["ts_recv"])["ts_recv"]
-    if not _is_sorted_nb(ts):
+    if not _is_sorted(ts):
         return None
     open_before = int(session_bounds_utc(np.array([before], np.int32))[0][0])
     hi = int(np.searchsorted(ts, open_before, side="left"))  # records before: sessions < before
@@ -297,14 +323,36 @@ def _sidecar_session_volume(
     """Traded volume per (session, instrument) of a trades sidecar (its records ``lo:hi``) with
     at least one trade: one numba pass over the memory-mapped columns, no per-trade
     temporaries (``session_day`` is never materialised). Rows in (session, id) order."""
-    from fx_assets.core.calendar import session_table, ts_range
+    from fx_assets.core.calendar import _year_range, session_table
     from fx_assets.core.sidecar import sidecar_columns
 
     cols = {k: v[lo:hi] for k, v in sidecar_columns(path, ["ts_recv", "instrument_id", "size"]).items()}
     ts = cols["ts_recv"]
     if ts.size == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.uint32), np.zeros(0, np.float64)
-    bounds, days = session_table(*ts_range(ts))
+    # The session table of the first and last records' years (sidecars are in time order);
+    # the pass reports the range it saw, and runs again with a wider table in the rare case
+    # that it was not covered (the table depends only on the years).
+    span = np.array([ts[0], ts[-1]], np.int64)
+    while True:
+        bounds, days = session_table(int(span.min()), int(span.max()))
+        out, seen = _session_volume_pass(ts, cols["instrument_id"], cols["size"], bounds, days, ids)
+        if _year_range(seen) == _year_range(span):
+            return out
+        span = seen
+
+
+def _session_volume_pass(
+    ts: npt.NDArray[np.int64],
+    iid: npt.NDArray[np.uint32],
+    size: npt.NDArray[np.uint32],
+    bounds: npt.NDArray[np.int64],
+    days: npt.NDArray[np.int32],
+    ids: npt.NDArray[np.int64],
+) -> tuple[
+    tuple[npt.NDArray[np.int32], npt.NDArray[np.uint32], npt.NDArray[np.float64]], npt.NDArray[np.int64]
+]:
+    """``_sidecar_session_volume``'s rows from one session table, and the (min, max) ts seen."""
     n = int(ts.shape[0])
     shape = (days.shape[0], ids.shape[0])
     parts = _volume_threads(n)
@@ -315,11 +363,12 @@ def _sidecar_session_volume(
         # to the single pass below.
         cuts = [n * p // parts for p in range(parts + 1)]
         tabs = [(np.zeros(shape, np.float64), np.zeros(shape, np.int64)) for _ in range(parts)]
+        mms = [_empty_range() for _ in range(parts)]
         with ThreadPoolExecutor(parts) as pool:
             ends = list(
                 pool.map(
                     lambda p: _session_volume_nb(
-                        ts, cols["instrument_id"], cols["size"], bounds, ids, *tabs[p], cuts[p], cuts[p + 1]
+                        ts, iid, size, bounds, ids, *tabs[p], cuts[p], cuts[p + 1], mms[p]
                     ),
                     range(parts),
                 )
@@ -330,22 +379,28 @@ def _sidecar_session_volume(
                 vol += v_part
                 cnt += n_part
             r, c = np.nonzero(cnt)
-            return days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]
+            seen = np.array([min(m[0] for m in mms), max(m[1] for m in mms)], np.int64)
+            return (days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]), seen
     vol = np.zeros(shape, dtype=np.float64)
     cnt = np.zeros(shape, dtype=np.int64)
+    mm = _empty_range()
     pos = 0
     while True:
-        pos = _session_volume_nb(ts, cols["instrument_id"], cols["size"], bounds, ids, vol, cnt, pos, n)
+        pos = _session_volume_nb(ts, iid, size, bounds, ids, vol, cnt, pos, n, mm)
         if pos >= n:
             break
         # an id the symbology does not know (normally none): add its column and go on
-        new_id = int(cols["instrument_id"][pos])
+        new_id = int(iid[pos])
         j = int(np.searchsorted(ids, new_id))
         ids = np.insert(ids, j, new_id)
         vol = np.insert(vol, j, 0.0, axis=1)
         cnt = np.insert(cnt, j, 0, axis=1)
     r, c = np.nonzero(cnt)
-    return days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]
+    return (days[r].astype(np.int32), ids[c].astype(np.uint32), vol[r, c]), mm
+
+
+def _empty_range() -> npt.NDArray[np.int64]:
+    return np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min], np.int64)
 
 
 def roll_calendar_from_sidecars(

@@ -11,7 +11,9 @@ see ``benchmarks/bench_integrity.py``), so every reuse is fully verified.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,22 @@ from fx_assets.core.atomic import atomic_path
 from fx_assets.core.checksum import digest_of, new_hasher, update_array
 from fx_assets.core.errors import FxCacheError, FxDataError
 
-__all__ = ["read_table", "stored_checksums", "table_checksums", "verify_table", "write_table"]
+__all__ = [
+    "array_of",
+    "dates_of",
+    "numpy_of",
+    "py_dates",
+    "py_strings",
+    "read_table",
+    "stored_checksums",
+    "strings_of",
+    "table_checksums",
+    "verify_table",
+    "write_table",
+]
 
 _KEY = b"fx.checksums"
+_EPOCH = dt.date(1970, 1, 1)
 
 
 def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
@@ -41,6 +56,91 @@ def _bool_values(arr: pa.Array) -> np.ndarray:
     return values
 
 
+def array_of(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A null-free Arrow array of a 1-D numpy array of fixed-width numbers or bools (no copy
+    for numbers): the same array as ``pa.array(values, type_)``, without the pandas import that
+    ``pa.array`` / ``to_numpy`` trigger on their first call in a process (~0.3 s CPU, paid
+    again by every run process that writes or reads a stage table)."""
+    v = np.asarray(values)
+    if v.ndim != 1:
+        raise FxDataError(f"array_of: expected a 1-D array, got shape {v.shape}")
+    if pa.types.is_boolean(type_):
+        if v.dtype != np.bool_:
+            raise FxDataError(f"array_of: {type_} needs a bool array, got {v.dtype}")
+        data = pa.py_buffer(np.packbits(v, bitorder="little"))
+    else:
+        dtype = np.dtype(type_.to_pandas_dtype())
+        if v.dtype != dtype:
+            raise FxDataError(f"array_of: {type_} needs a {dtype} array, got {v.dtype}")
+        data = pa.py_buffer(np.ascontiguousarray(v))
+    return pa.Array.from_buffers(type_, len(v), [None, data])
+
+
+def numpy_of(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A null-free fixed-width (or bool) Arrow column as numpy: a read-only view of its data
+    buffer (bools unpacked to a new array); ``to_numpy`` without its pandas import."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if arr.null_count:
+        raise FxDataError(f"numpy_of: column of type {arr.type} has {arr.null_count} nulls")
+    if pa.types.is_boolean(arr.type):
+        return _bool_values(arr) if len(arr) else np.zeros(0, np.bool_)
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    if len(arr) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _validity(present: list[bool]) -> tuple[pa.Buffer | None, int]:
+    nulls = present.count(False)
+    if not nulls:
+        return None, 0
+    return pa.py_buffer(np.packbits(np.array(present, np.bool_), bitorder="little")), nulls
+
+
+def strings_of(values: Sequence[str | None]) -> pa.Array:
+    """``pa.array(values, pa.string())`` of a short list (None: null), without pandas."""
+    data = [v.encode() if v is not None else b"" for v in values]
+    offsets = np.zeros(len(data) + 1, np.int32)
+    np.cumsum([len(b) for b in data], out=offsets[1:])
+    validity, nulls = _validity([v is not None for v in values])
+    return pa.Array.from_buffers(
+        pa.string(), len(data), [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))], nulls
+    )
+
+
+def dates_of(values: Sequence[dt.date | None]) -> pa.Array:
+    """``pa.array(values, pa.date32())`` of a short list (None: null), without pandas."""
+    days = np.array([(v - _EPOCH).days if v is not None else 0 for v in values], np.int32)
+    validity, nulls = _validity([v is not None for v in values])
+    return pa.Array.from_buffers(pa.date32(), len(days), [validity, pa.py_buffer(days)], nulls)
+
+
+def _present(arr: pa.Array) -> np.ndarray:
+    if not arr.null_count:
+        return np.ones(len(arr), np.bool_)
+    return _bits(arr.buffers()[0], arr.offset, len(arr))
+
+
+def py_strings(arr: pa.Array) -> list[str | None]:
+    """A string column as Python strings (None: null): ``to_pylist`` without pandas."""
+    bufs = arr.buffers()
+    offs = np.frombuffer(bufs[1], np.int32)[arr.offset : arr.offset + len(arr) + 1].tolist()
+    raw = bytes(bufs[2]) if bufs[2] is not None else b""
+    return [
+        raw[offs[i] : offs[i + 1]].decode() if ok else None for i, ok in enumerate(_present(arr).tolist())
+    ]
+
+
+def py_dates(arr: pa.Array) -> list[dt.date | None]:
+    """A date32 column as ``datetime.date`` (None: null): ``to_pylist`` without pandas."""
+    days = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + len(arr)].tolist()
+    return [
+        _EPOCH + dt.timedelta(days=d) if ok else None
+        for d, ok in zip(days, _present(arr).tolist(), strict=True)
+    ]
+
+
 def _column_digest(name: str, col: pa.ChunkedArray) -> str:
     h = new_hasher()
     h.update(f"{name}\x00{col.type}\x00{len(col)}\x00".encode())
@@ -48,7 +148,7 @@ def _column_digest(name: str, col: pa.ChunkedArray) -> str:
         if not len(arr):
             continue
         if arr.null_count:
-            update_array(h, np.packbits(arr.is_null().to_numpy(zero_copy_only=False)))
+            update_array(h, np.packbits(~_present(arr)))  # is_null(), without to_numpy's pandas import
         t = arr.type
         if pa.types.is_boolean(t):
             # the values (nulls as False) from the bitmaps with numpy: pyarrow's to_numpy of a

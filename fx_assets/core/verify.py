@@ -16,6 +16,7 @@ Each also verifies the body checksum of the file it checks (:func:`fx_assets.cor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,25 @@ def bar_volume_figures(
             f"{n_bar_trades} trades, the active contract traded {traded:g} in {len(trades)} trades{where}"
         )
     return {"bars": len(bars), "trades": len(trades), "volume": int(traded), "sessions": len(sessions)}
+
+
+def bar_volume_totals(
+    bars: BarTable,
+    n_trades: int,
+    volume: float,
+    *,
+    partition: str,
+    bars_path: Path,
+    trades: Callable[[], ActiveTrades],
+) -> dict[str, int]:
+    """:func:`bar_volume_figures` from the active trades' count and volume (as
+    ``bar_rows.sidecar_bars`` counts them while building the bars). When they match, the
+    sessions are the bars' (a bar holds the trades of one session, and each trade is in a bar);
+    otherwise ``trades()`` loads the trades to name the first session that differs."""
+    if float(bars.volume.sum()) != volume or int(bars.n_trades.sum()) != n_trades:
+        return bar_volume_figures(bars, trades(), partition=partition, bars_path=bars_path)
+    sessions = np.unique(bars.session_id)
+    return {"bars": len(bars), "trades": n_trades, "volume": int(volume), "sessions": len(sessions)}
 
 
 def _verified(path: Path, partition: str) -> None:
@@ -143,4 +163,10 @@ def verify_ofi_features_file(path: Path, *, partition: str, bars_path: Path | No
     return {"rows": len(table), "features": len(table.columns), "warmup_nan": nan}
 
 
-__all__ = ["bar_volume_figures", "verify_bar_features_file", "verify_bar_volume", "verify_ofi_features_file"]
+__all__ = [
+    "bar_volume_figures",
+    "bar_volume_totals",
+    "verify_bar_features_file",
+    "verify_bar_volume",
+    "verify_ofi_features_file",
+]

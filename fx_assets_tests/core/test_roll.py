@@ -306,3 +306,26 @@ def test_last_session_of_previous_quarter_from_its_tail(tmp_path: Path, ordered:
         take = full[0] == (int(earlier.max()) if earlier.size else -2)
         for g, w in zip(got, full, strict=True):
             assert g.tolist() == w[take].tolist(), before
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_session_volume_of_records_outside_the_first_and_last_records_years(
+    tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass takes its session table from the first and last records' years; a record of
+    another year in between (a file out of time order) is still counted in its session."""
+    from fx_assets.core import roll
+
+    monkeypatch.setattr(roll, "_MIN_TRADES_PER_THREAD", 1)
+    monkeypatch.setattr(roll.numba, "get_num_threads", lambda: threads)
+    rows = [
+        ("2020-12-01T14:00", 5482, 3),
+        ("2019-11-05T14:00", 5482, 4),
+        ("2021-01-05T14:00", 999, 6),
+        ("2020-12-02T14:00", 999, 5),
+    ]
+    info = sidecar.build_sidecar(_trades_file(tmp_path / "y.dbn.zst", rows), tmp_path / "y.arrow")
+    sess, iid, vol = roll._sidecar_session_volume(info.path, np.array([999, 5482], dtype=np.int64))
+    got = sorted(zip(sess.tolist(), iid.tolist(), vol.tolist(), strict=True))
+    want = sorted((day(ts[:10]), i, float(v)) for ts, i, v in rows)
+    assert got == want
