@@ -238,23 +238,20 @@ def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
 
 
 @njit(cache=True, nogil=True)
-def _finite_rows_nb(cols, ok):
-    """``ok[r] &= cols[c][r]`` is finite, for every column: one read of each column, no
-    boolean temporary per column."""
-    for c in range(len(cols)):
-        col = cols[c]
-        for r in range(ok.shape[0]):
-            x = col[r]
-            if x - x != 0:  # NaN or inf
-                ok[r] = False
+def _finite_rows_nb(col, ok):
+    """``ok[r] &= col[r]`` is finite: one read of the column, no boolean temporary."""
+    for r in range(ok.shape[0]):
+        x = col[r]
+        if x - x != 0:  # NaN or inf
+            ok[r] = False
 
 
 def _all_finite_rows(block: ColumnBlock) -> npt.NDArray[np.bool_]:
     """Per row of ``block`` (no row selection): is every column's value finite (True for no
-    columns)."""
+    columns). One column per kernel call: a single numba specialisation whatever the width."""
     ok = np.ones(block.n_rows, dtype=np.bool_)
-    if block.columns:
-        _finite_rows_nb(block.columns, ok)
+    for col in block.columns:
+        _finite_rows_nb(col, ok)
     return ok
 
 

@@ -382,12 +382,12 @@ _NONZERO = 2
 
 
 @njit(cache=True, nogil=True)
-def _fill_columns_nb(cols, rows, lo, hi, out, c0):
+def _fill_columns_nb(cols, rows, lo, hi, out, c0, nz_from):
     """``out[r - lo, c0 + c] = cols[c][rows[r]]`` (``rows`` empty: ``cols[c][r]``) for
     ``r`` in ``[lo, hi)``, block by block; the float64 value is cast to ``out``'s dtype on
-    assignment (round to nearest, as numpy's cast). Returns flags about the stored values
-    (``_NONFINITE``: one is NaN or inf, ``_NONZERO``: one is not zero), found in the same pass
-    so that no second scan of the chunk is needed."""
+    assignment (round to nearest, as numpy's cast). Returns flags about the stored values,
+    found in the same pass so that no second scan of the chunk is needed: ``_NONFINITE`` (one
+    is NaN or inf), ``_NONZERO`` (one of the columns ``c >= nz_from`` is not zero)."""
     sel = rows.shape[0] > 0
     nonfinite = False
     nonzero = False
@@ -400,7 +400,7 @@ def _fill_columns_nb(cols, rows, lo, hi, out, c0):
                 x = out[r - lo, c0 + c]
                 if x - x != 0:  # NaN or inf (x - x is NaN for both)
                     nonfinite = True
-                if x != 0:
+                elif x != 0 and c >= nz_from:
                     nonzero = True
     return (_NONFINITE if nonfinite else 0) | (_NONZERO if nonzero else 0)
 
@@ -408,55 +408,61 @@ def _fill_columns_nb(cols, rows, lo, hi, out, c0):
 _NO_ROWS = np.empty(0, dtype=np.int64)
 
 
+def _same_rows(a: ColumnBlock, b: ColumnBlock) -> bool:
+    return a.rows is b.rows or (a.rows is not None and b.rows is not None and np.array_equal(a.rows, b.rows))
+
+
 def _fill_chunk(
     out: npt.NDArray[Any], parts: Sequence[npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
 ) -> list[int]:
     """Rows ``lo:hi`` of the groups ``parts`` (side by side) into ``out[: hi - lo, :k]``: each
     value as float64 first, then cast to ``out``'s dtype on assignment (the same rounding as
-    converting a stacked float64 block). Returns, per part, the flags (``_NONFINITE``,
-    ``_NONZERO``) of its values as stored in ``out``."""
+    converting a stacked float64 block). Returns, per part, flags about its values as stored
+    in ``out``: ``_NONFINITE`` (set on every part of a kernel call that met one), and
+    ``_NONZERO`` for the last part only (what the OFI honesty check needs).
+
+    Adjacent ColumnBlocks with the same row selection go through ONE kernel call as one tuple
+    of columns (features and OFI: one numba specialisation to load per process, not two)."""
+    flags: list[int] = [0] * len(parts)
     c0 = 0
-    flags: list[int] = []
+    i = 0
     # Overflow to inf (f32) is expected here and caught by the finite check that follows.
     with np.errstate(over="ignore", invalid="ignore"):
-        for g in parts:
+        while i < len(parts):
+            g = parts[i]
             if isinstance(g, ColumnBlock):
-                k = len(g.columns)
+                j = i + 1
+                while j < len(parts) and isinstance(parts[j], ColumnBlock) and _same_rows(g, parts[j]):  # type: ignore[arg-type]
+                    j += 1
+                blocks = [p for p in parts[i:j] if isinstance(p, ColumnBlock)]
+                cols = tuple(c for blk in blocks for c in blk.columns)
+                k = len(cols)
                 if k:
                     rows = _NO_ROWS if g.rows is None else g.rows
-                    flags.append(int(_fill_columns_nb(g.columns, rows, lo, hi, out, c0)))
-                else:
-                    flags.append(0)
+                    nz_from = k - len(blocks[-1].columns)
+                    f = int(_fill_columns_nb(cols, rows, lo, hi, out, c0, nz_from))
+                    for x in range(i, j):
+                        flags[x] = f & _NONFINITE
+                    flags[j - 1] |= f & _NONZERO
+                i, c0 = j, c0 + k
             else:
                 k = g.shape[1]
                 part = out[: hi - lo, c0 : c0 + k]
                 part[...] = np.asarray(g[lo:hi], dtype=np.float64)
-                flags.append(
-                    (0 if bool(np.isfinite(part).all()) else _NONFINITE)
-                    | (_NONZERO if bool(np.any(part != 0)) else 0)
+                flags[i] = (0 if bool(np.isfinite(part).all()) else _NONFINITE) | (
+                    _NONZERO if bool(np.any(part != 0)) else 0
                 )
-            c0 += k
+                i, c0 = i + 1, c0 + k
     return flags
-
-
-@njit(cache=True, nogil=True)
-def _all_finite_nb(block):
-    """Is every value of the 2-D float ``block`` finite (a strided view is read in place)."""
-    for r in range(block.shape[0]):
-        for c in range(block.shape[1]):
-            x = block[r, c]
-            if x - x != 0:  # NaN or inf
-                return False
-    return True
 
 
 def _all_finite(stored: npt.NDArray[Any], dtype: str) -> bool:
     if dtype == "bf16":  # exponent bits all ones: inf or NaN
         return not bool(np.any((stored & np.uint16(0x7F80)) == np.uint16(0x7F80)))
-    if stored.ndim == 2 and stored.dtype.kind == "f":
-        # one pass, no boolean temporary of the block
-        return bool(_all_finite_nb(np.asarray(stored)))
-    return bool(np.isfinite(stored).all())
+    # A NaN or inf makes the sum NaN or inf: one reduction, no boolean temporary of the block.
+    # A sum that overflows only sends the caller to its exact (decoding) check.
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(stored)))
 
 
 def _check_groups(path: Path, names: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
