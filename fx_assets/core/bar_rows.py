@@ -30,6 +30,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import (
@@ -391,13 +392,21 @@ def contract_codes(bars: BarTable, calendar: RollCalendar) -> F64:
     return contract_codes_of(calendar)(bars.instrument_id)
 
 
-def _all_finite_rows(cols: Sequence[np.ndarray], n: int) -> npt.NDArray[np.bool_]:
-    """Per row: is every column's value finite (True for no columns)."""
-    ok = np.ones(n, dtype=np.bool_)
-    fin = np.empty(n, dtype=np.bool_)
-    for c in cols:
-        np.isfinite(c, out=fin)
-        ok &= fin
+@njit(cache=True, nogil=True)
+def _finite_rows_nb(col, ok):
+    """``ok[r] &= col[r]`` is finite: one read of the column, no boolean temporary."""
+    for r in range(ok.shape[0]):
+        x = col[r]
+        if x - x != 0:  # NaN or inf
+            ok[r] = False
+
+
+def _all_finite_rows(block: ColumnBlock) -> npt.NDArray[np.bool_]:
+    """Per row of ``block`` (no row selection): is every column's value finite (True for no
+    columns). One column per kernel call: a single numba specialisation whatever the width."""
+    ok = np.ones(block.n_rows, dtype=np.bool_)
+    for col in block.columns:
+        _finite_rows_nb(col, ok)
     return ok
 
 
@@ -435,11 +444,14 @@ def assemble_fxcache_columns(
     ]
     f_names = list(features.columns)
     o_names = list(ofi.columns)
-    f_cols = [np.asarray(features.columns[k]) for k in f_names]
-    o_cols = [np.asarray(ofi.columns[k]) for k in o_names]
-    ok_f = _all_finite_rows(f_cols, n)
-    ok_o = _all_finite_rows(o_cols, n)
-    ok_p = _all_finite_rows(price_cols, n)
+    # float64 views of the columns (ColumnBlock), masked, then handed to the writer with the
+    # kept rows: no stacked [n, k] group and no boolean-indexed copy of one.
+    f_block = ColumnBlock([features.columns[k] for k in f_names], n)
+    o_block = ColumnBlock([ofi.columns[k] for k in o_names], n)
+    p_block = ColumnBlock(price_cols, n)
+    ok_f = _all_finite_rows(f_block)
+    ok_o = _all_finite_rows(o_block)
+    ok_p = _all_finite_rows(p_block)
     keep = ok_f & ok_o & ok_p
     n_drop = int((~keep).sum())
     dropped = {
@@ -448,12 +460,11 @@ def assemble_fxcache_columns(
         "no_book_at_open": int((~ok_p).sum()),
         "total": n_drop,
     }
-    # The kept rows are selected as the writer copies each column into the file: no stacked
-    # [n, k] group and no boolean-indexed copy of one.
+    # The kept rows are selected as the writer copies each column into the file.
     rows = np.flatnonzero(keep) if n_drop else None
     groups: dict[str, tuple[list[str], ColumnBlock]] = {
-        "feature": (f_names, ColumnBlock(f_cols, n, rows)),
-        "price": (list(PRICE_COLUMNS), ColumnBlock(price_cols, n, rows)),
-        "ofi": (o_names, ColumnBlock(o_cols, n, rows)),
+        "feature": (f_names, f_block.select(rows)),
+        "price": (list(PRICE_COLUMNS), p_block.select(rows)),
+        "ofi": (o_names, o_block.select(rows)),
     }
     return bars.ts_close[keep], groups, dropped

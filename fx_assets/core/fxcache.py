@@ -90,6 +90,9 @@ _HEADER_SUM_AT = HEADER_SIZE - DIGEST_BYTES  # 240: XXH3-128 of bytes [0, 240)
 assert _HEADER_USED <= _HEADER_SUM_AT
 
 DEFAULT_CHUNK_ROWS = 1 << 16
+# write_fxcache's chunk: a chunk's value block (4 MiB at 64 f32 columns) stays in cache
+# from its fill through its hash and write (half the CPU time of 1 << 16 rows)
+WRITE_CHUNK_ROWS = 1 << 14
 _HASH_READ_BYTES = 16 << 20
 
 F64 = npt.NDArray[np.float64]
@@ -330,6 +333,13 @@ class ColumnBlock:
         self.n_rows = n_rows
         self.dtype = np.dtype(np.float64)
 
+    def select(self, rows: I64 | None) -> ColumnBlock:
+        """The same columns (not copied) with the row selection ``rows`` (None: every row)."""
+        out = object.__new__(ColumnBlock)
+        out.columns, out.n_rows, out.dtype = self.columns, self.n_rows, self.dtype
+        out.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        return out
+
     @property
     def shape(self) -> tuple[int, int]:
         n = self.n_rows if self.rows is None else int(self.rows.shape[0])
@@ -366,48 +376,93 @@ class ColumnBlock:
 _FILL_ROWS = 2048  # rows per block: a block of the output stays in cache while each column is written
 
 
+# Flags returned by the fill kernel about the values as stored (after the cast).
+_NONFINITE = 1
+_NONZERO = 2
+
+
 @njit(cache=True, nogil=True)
-def _fill_columns_nb(cols, rows, lo, hi, out, c0):
+def _fill_columns_nb(cols, rows, lo, hi, out, c0, nz_from):
     """``out[r - lo, c0 + c] = cols[c][rows[r]]`` (``rows`` empty: ``cols[c][r]``) for
     ``r`` in ``[lo, hi)``, block by block; the float64 value is cast to ``out``'s dtype on
-    assignment (round to nearest, as numpy's cast)."""
+    assignment (round to nearest, as numpy's cast). Returns flags about the stored values,
+    found in the same pass so that no second scan of the chunk is needed: ``_NONFINITE`` (one
+    is NaN or inf), ``_NONZERO`` (one of the columns ``c >= nz_from`` is not zero)."""
     sel = rows.shape[0] > 0
+    nonfinite = False
+    nonzero = False
     for b0 in range(lo, hi, _FILL_ROWS):
         b1 = min(hi, b0 + _FILL_ROWS)
         for c in range(len(cols)):
             col = cols[c]
             for r in range(b0, b1):
                 out[r - lo, c0 + c] = col[rows[r]] if sel else col[r]
+                x = out[r - lo, c0 + c]
+                if x - x != 0:  # NaN or inf (x - x is NaN for both)
+                    nonfinite = True
+                elif x != 0 and c >= nz_from:
+                    nonzero = True
+    return (_NONFINITE if nonfinite else 0) | (_NONZERO if nonzero else 0)
 
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
 
 
+def _same_rows(a: ColumnBlock, b: ColumnBlock) -> bool:
+    return a.rows is b.rows or (a.rows is not None and b.rows is not None and np.array_equal(a.rows, b.rows))
+
+
 def _fill_chunk(
     out: npt.NDArray[Any], parts: Sequence[npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
-) -> None:
+) -> list[int]:
     """Rows ``lo:hi`` of the groups ``parts`` (side by side) into ``out[: hi - lo, :k]``: each
     value as float64 first, then cast to ``out``'s dtype on assignment (the same rounding as
-    converting a stacked float64 block)."""
+    converting a stacked float64 block). Returns, per part, flags about its values as stored
+    in ``out``: ``_NONFINITE`` (set on every part of a kernel call that met one), and
+    ``_NONZERO`` for the last part only (what the OFI honesty check needs).
+
+    Adjacent ColumnBlocks with the same row selection go through ONE kernel call as one tuple
+    of columns (features and OFI: one numba specialisation to load per process, not two)."""
+    flags: list[int] = [0] * len(parts)
     c0 = 0
+    i = 0
     # Overflow to inf (f32) is expected here and caught by the finite check that follows.
     with np.errstate(over="ignore", invalid="ignore"):
-        for g in parts:
+        while i < len(parts):
+            g = parts[i]
             if isinstance(g, ColumnBlock):
-                if g.columns:
+                j = i + 1
+                while j < len(parts) and isinstance(parts[j], ColumnBlock) and _same_rows(g, parts[j]):  # type: ignore[arg-type]
+                    j += 1
+                blocks = [p for p in parts[i:j] if isinstance(p, ColumnBlock)]
+                cols = tuple(c for blk in blocks for c in blk.columns)
+                k = len(cols)
+                if k:
                     rows = _NO_ROWS if g.rows is None else g.rows
-                    _fill_columns_nb(g.columns, rows, lo, hi, out, c0)
-                c0 += len(g.columns)
+                    nz_from = k - len(blocks[-1].columns)
+                    f = int(_fill_columns_nb(cols, rows, lo, hi, out, c0, nz_from))
+                    for x in range(i, j):
+                        flags[x] = f & _NONFINITE
+                    flags[j - 1] |= f & _NONZERO
+                i, c0 = j, c0 + k
             else:
                 k = g.shape[1]
-                out[: hi - lo, c0 : c0 + k] = np.asarray(g[lo:hi], dtype=np.float64)
-                c0 += k
+                part = out[: hi - lo, c0 : c0 + k]
+                part[...] = np.asarray(g[lo:hi], dtype=np.float64)
+                flags[i] = (0 if bool(np.isfinite(part).all()) else _NONFINITE) | (
+                    _NONZERO if bool(np.any(part != 0)) else 0
+                )
+                i, c0 = i + 1, c0 + k
+    return flags
 
 
 def _all_finite(stored: npt.NDArray[Any], dtype: str) -> bool:
     if dtype == "bf16":  # exponent bits all ones: inf or NaN
         return not bool(np.any((stored & np.uint16(0x7F80)) == np.uint16(0x7F80)))
-    return bool(np.isfinite(stored).all())
+    # A NaN or inf makes the sum NaN or inf: one reduction, no boolean temporary of the block.
+    # A sum that overflows only sends the caller to its exact (decoding) check.
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(stored)))
 
 
 def _check_groups(path: Path, names: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -581,8 +636,8 @@ class FxCacheWriter:
             if self._px_buf is None:
                 self._px_buf = np.zeros((cap, self.price_width), dtype=np.float64)
             stored = self._px_buf[:m]
-            _fill_chunk(stored, [arrays["price"]], lo, hi)
-            if not _all_finite(stored[:, : self._npx], PRICE_DTYPE):
+            (px_flags,) = _fill_chunk(stored, [arrays["price"]], lo, hi)
+            if px_flags & _NONFINITE:
                 _check_finite_block(
                     stored[:, : self._npx], self._price_specs, r0, self.path, FxDataError, self.row_label
                 )
@@ -596,9 +651,18 @@ class FxCacheWriter:
             fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
             self._val_buf = np.zeros((cap, self.row_width), dtype=fill)
         filled = self._val_buf[:m]
-        _fill_chunk(filled, parts, lo, hi)
-        vals = f32_to_bf16_bits(filled) if self.dtype == "bf16" else filled
-        if not _all_finite(vals[:, :nv], self.dtype):
+        flags = _fill_chunk(filled, parts, lo, hi)
+        if self.dtype == "bf16":
+            # rounding to bf16 can overflow to inf and flush to zero: check the bits as stored
+            vals = f32_to_bf16_bits(filled)
+            nonfinite = not _all_finite(vals[:, :nv], "bf16")
+            ofi_nonzero = bool(self._no) and bool(np.any((vals[:, self._nf : nv] & np.uint16(0x7FFF)) != 0))
+        else:
+            # the fill kernel saw every value as stored (cast to the block's dtype)
+            vals = filled
+            nonfinite = any(f & _NONFINITE for f in flags)
+            ofi_nonzero = bool(self._no) and bool(flags[-1] & _NONZERO)
+        if nonfinite:
             _check_finite_block(
                 _decode(vals[:, :nv], self.dtype),
                 self._value_specs,
@@ -607,9 +671,7 @@ class FxCacheWriter:
                 FxDataError,
                 self.row_label,
             )
-        if self._no and not self._ofi_nonzero:
-            o = vals[:, self._nf : nv]
-            self._ofi_nonzero = bool(np.any((o & np.uint16(0x7FFF)) != 0 if self.dtype == "bf16" else o != 0))
+        self._ofi_nonzero = self._ofi_nonzero or ofi_nonzero
         self._write("values", self._val_off + r0 * self.row_width * self._itemsize, vals.data.cast("B"))
         self.rows = r0 + m
 
@@ -724,7 +786,7 @@ def write_fxcache(
     cache_key: bytes,
     meta: Mapping[str, Any] | None = None,
     *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    chunk_rows: int = WRITE_CHUNK_ROWS,
 ) -> Path:
     """Write an fxcache file of bar rows from whole arrays, atomically, and return its path.
 

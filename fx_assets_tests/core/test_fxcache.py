@@ -284,6 +284,48 @@ def test_writer_refuses_bad_input(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def _as_blocks(
+    cols: dict[str, tuple[list[str], np.ndarray]], rows: np.ndarray | None
+) -> dict[str, tuple[list[str], fxcache.ColumnBlock]]:
+    """The groups as ColumnBlocks of separate columns (what the bar assembly hands the writer)."""
+    n = next(iter(cols.values()))[1].shape[0]
+    return {
+        g: (names, fxcache.ColumnBlock([v[:, j].copy() for j in range(v.shape[1])], n, rows))
+        for g, (names, v) in cols.items()
+    }
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_column_blocks_write_the_bytes_of_stacked_rows_and_are_checked_as_stored(
+    tmp_path: Path, dtype: DType
+) -> None:
+    """Columns and a row selection written by the fill kernel (finite / non-zero found in the same
+    pass) give the bytes of the selected rows stacked, and the same refusals."""
+    cols = make_columns()
+    rows = np.flatnonzero(np.arange(N) % 7 != 3)  # a selection, as the dropped rows leave
+    picked = {g: (names, v[rows]) for g, (names, v) in cols.items()}
+    a = write_fxcache(tmp_path / "a.fxcache", make_ts()[rows], picked, dtype, KEY, {}, chunk_rows=97)
+    b = write_fxcache(
+        tmp_path / "b.fxcache", make_ts()[rows], _as_blocks(cols, rows), dtype, KEY, {}, chunk_rows=97
+    )
+    assert a.read_bytes() == b.read_bytes()
+    p = tmp_path / "bad.fxcache"
+    bad = make_columns()
+    bad["feature"][1][9, 2] = 1e39 if dtype != "f64" else np.inf  # inf once stored as f32 / bf16
+    with pytest.raises(FxDataError, match="non-finite value inf in column 'vol_20' at bar 8"):
+        write_fxcache(p, make_ts()[rows], _as_blocks(bad, rows), dtype, KEY, {}, chunk_rows=97)
+    bad = make_columns()
+    bad["price"][1][501, 1] = np.nan
+    with pytest.raises(FxDataError, match="non-finite value nan in column 'close' at bar 429"):
+        write_fxcache(p, make_ts()[rows], _as_blocks(bad, rows), dtype, KEY, {}, chunk_rows=97)
+    bad = make_columns()
+    bad["ofi"][1][:] = 0.0
+    bad["ofi"][1][3, 0] = 1.0  # the only non-zero OFI value is in a dropped row
+    with pytest.raises(FxDataError, match="all zero"):
+        write_fxcache(p, make_ts()[rows], _as_blocks(bad, rows), dtype, KEY, {}, chunk_rows=97)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.fxcache", "b.fxcache"]
+
+
 def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = tmp_path / "atomic.fxcache"
     write(p, "f32")
