@@ -91,12 +91,27 @@ TRAINER_BYTES_PER_ROW = 24
 
 def default_budget_bytes(device: torch.device) -> int:
     """The device-memory budget when none is set: the free memory of ``device`` (CUDA:
-    ``mem_get_info``; CPU: available physical memory) minus a margin (10 %, at least 2 GiB)."""
+    ``mem_get_info``; CPU: :func:`available_host_bytes`) minus a margin (10 %, at least 2 GiB)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free = available_host_bytes()
     return max(0, int(free - max(BUDGET_MARGIN_MIN, BUDGET_MARGIN_FRACTION * free)))
+
+
+def available_host_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """Host memory a new allocation can have: Linux's ``MemAvailable`` (free pages plus the page
+    cache and other memory the kernel can reclaim). Not ``MemFree``: after a feature build the
+    page cache holds gigabytes of memory-mapped sidecars, MemFree is then near zero, and every
+    fold would stream although it fits. Elsewhere, the free physical pages."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kiB
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def fold_device_bytes(

@@ -238,3 +238,25 @@ def test_gpu_streamed_rows_equal_the_resident_fold(tmp_path: Path) -> None:
     figures = st.stream_stats.as_dict()
     assert figures["h2d_bytes"] > 0 and figures["h2d_seconds"] > 0
     st.close()
+
+
+def test_the_host_budget_counts_reclaimable_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU the budget is MemAvailable, not MemFree: after a feature build the page cache
+    holds the memory-mapped sidecars and MemFree is near zero, so a small fold streamed (seen in
+    the e2e backfill test: 0 uploads) although it fits many times over."""
+    from fx_assets.core import fold_stream
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
+        "MemTotal:       24000000 kB\nMemFree:          300000 kB\nMemAvailable:   20000000 kB\nCached:         19000000 kB\n"
+    )
+    assert fold_stream.available_host_bytes(str(meminfo)) == 20_000_000 * 1024
+    # Without MemAvailable (another OS): the free physical pages.
+    assert fold_stream.available_host_bytes(str(tmp_path / "none")) > 0
+    monkeypatch.setattr(fold_stream, "available_host_bytes", lambda: 20_000_000 * 1024)
+    budget = fold_stream.default_budget_bytes(torch.device("cpu"))
+    free = 20_000_000 * 1024
+    assert budget == int(free - max(fold_stream.BUDGET_MARGIN_MIN, fold_stream.BUDGET_MARGIN_FRACTION * free))
+    assert plan_fold(fold_device_bytes(100_000, 72, 4, 8, 71), budget) == "resident"
