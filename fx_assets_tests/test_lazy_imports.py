@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,65 @@ def test_stage_tables_round_trip_without_pandas() -> None:
     )
     got = [m for m in loaded_after(statement) if m.split(".")[0] == "pandas"]
     assert not got, f"the stage tables load pandas ({len(got)} modules)"
+
+
+def test_a_feature_run_imports_no_pandas(market3: Path, tmp_path: Path) -> None:
+    """A ``build_features`` run, asset checks included, loads no pandas: every stage reads and
+    writes Arrow through ``fx_assets.core.tables`` (pyarrow's ``pa.array`` / ``to_numpy`` import
+    pandas on first use, ~0.3 s CPU in every run process). Q1, then Q2 warmed up from Q1, then Q2
+    again (every file reused and verified), in one fresh process."""
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    script = f"""
+import datetime as dt, json, sys
+import dagster as dg
+from fx_assets.definitions import build_definitions
+from fx_assets.partitions import partition_key
+from fx_assets.settings import ProjectSettings
+q1, q2 = dt.date(2024, 1, 1), dt.date(2024, 4, 1)
+defs = build_definitions(ProjectSettings(data_root={str(root)!r}, first_quarter=q1, last_quarter=q2))
+job = defs.resolve_job_def("build_features")
+quiet = {{"loggers": {{"console": {{"config": {{"log_level": "ERROR"}}}}}}}}
+actions, checks = [], 0
+with dg.instance_for_test() as inst:
+    for q in (q1, q2, q2):
+        r = job.execute_in_process(instance=inst, partition_key=partition_key(q, "ES.FUT"), run_config=quiet)
+        assert r.success
+        checks += sum(e.passed for e in r.get_asset_check_evaluations())
+        for ev in r.get_asset_materialization_events():
+            if ev.asset_key.to_user_string() == "ofi_features":
+                actions.append(ev.materialization.metadata["action"].value)
+print(json.dumps([actions, checks, sorted(m for m in sys.modules if m.split(".")[0] == "pandas")]))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    actions, checks, pandas = json.loads(out.stdout.strip().splitlines()[-1])
+    assert actions == ["built", "built", "reused"] and checks > 0, (actions, checks)
+    assert not pandas, f"a feature run loads pandas ({len(pandas)} modules)"
+
+
+def test_empty_stage_tables_without_pandas(tmp_path: Path) -> None:
+    """A quarter without data (an empty raw file, a roll calendar of no rows) is no pandas path
+    either: ``pa.array([])`` and ``combine_chunks`` of no chunks import it (``tables.empty_array``)."""
+    from fx_assets.core import dbn
+    from fx_assets_tests.core.test_dbn import TRADES_V1, write_dbn
+
+    raw = write_dbn(tmp_path / "empty.dbn.zst", dbn.read_header(TRADES_V1).header_bytes, b"", zstd=True)
+    statement = (
+        "import pathlib, numpy as np; "
+        "from fx_assets.core import tables; "
+        "from fx_assets.core.active_contract import roll_calendar_from_table; "
+        "from fx_assets.core.roll import RollCalendar; "
+        "from fx_assets.core.sidecar import ensure_sidecar, sidecar_columns; "
+        f"d = pathlib.Path({str(tmp_path)!r}); "
+        "info = ensure_sidecar(d / 'empty.dbn.zst', d / 'sc'); "
+        "assert info.n_records == 0 and len(sidecar_columns(info.path)['ts_recv']) == 0; "
+        "cal = RollCalendar(np.zeros(0, np.int32), np.zeros(0, np.uint32), (), (), np.zeros(0, bool), ()); "
+        "tables.write_table(d / 'r.arrow', cal.to_arrow()); "
+        "assert len(roll_calendar_from_table(tables.read_table(d / 'r.arrow'))) == 0"
+    )
+    assert raw.exists()
+    got = [m for m in loaded_after(statement) if m.split(".")[0] == "pandas"]
+    assert not got, f"the empty stage tables load pandas ({len(got)} modules)"

@@ -32,7 +32,7 @@ from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, roll_calendar_from_sidecars
 from fx_assets.core.sidecar import sidecar_columns
-from fx_assets.core.tables import numpy_of, py_dates, py_strings
+from fx_assets.core.tables import empty_array, numpy_of, py_dates, py_strings
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -59,7 +59,7 @@ def roll_calendar_from_table(table: pa.Table) -> RollCalendar:
 
     def column(name: str) -> pa.Array:
         col = t.column(name)
-        return col.chunk(0) if col.num_chunks else pa.array([], col.type)
+        return col.chunk(0) if col.num_chunks else empty_array(col.type)
 
     sess = np.array(numpy_of(column("session_day")), dtype=np.int32)
     iid = np.array(numpy_of(column("instrument_id")), dtype=np.uint32)

@@ -56,6 +56,7 @@ from numba import njit
 from fx_assets.core import checksum
 from fx_assets.core.atomic import atomic_path
 from fx_assets.core.errors import FxCacheError, FxDataError
+from fx_assets.core.tables import array_of
 
 MAGIC = b"FXCACHE\0"
 FORMAT_VERSION = 2
@@ -936,10 +937,11 @@ class FxCache:
 
     def to_arrow(self) -> pa.Table:
         """``ts_close`` plus every column as float64 (a copy), column metadata attached."""
-        arrays: list[pa.Array] = [pa.array(np.asarray(self.ts), type=pa.int64())]
+        # tables.array_of: pa.array without its pandas import
+        arrays: list[pa.Array] = [array_of(np.asarray(self.ts, dtype=np.int64), pa.int64())]
         fields = [pa.field("ts_close", pa.int64())]
         for c in self.columns:
-            arrays.append(pa.array(self.column(c.name), type=pa.float64()))
+            arrays.append(array_of(np.asarray(self.column(c.name), dtype=np.float64), pa.float64()))
             fields.append(pa.field(c.name, pa.float64(), metadata={b"fx.group": c.group.encode()}))
         schema = pa.schema(
             fields,

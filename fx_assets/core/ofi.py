@@ -70,6 +70,7 @@ from pydantic import Field, model_validator
 
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
+from fx_assets.core.tables import array_of, numpy_of
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -514,6 +515,11 @@ class TradeArrays:
     sign: npt.NDArray[np.int8]
 
 
+def _arrow_of(values: np.ndarray) -> pa.Array:
+    """``pa.array(values)`` of a 1-D numpy column, its type from the dtype (no pandas import)."""
+    return array_of(values, pa.from_numpy_dtype(values.dtype))
+
+
 @dataclass
 class OfiFeatures:
     """One row per bar: ``ts_close``, ``bars_since_reset`` (capped at the warm-up, so a
@@ -531,10 +537,11 @@ class OfiFeatures:
 
     def to_arrow(self) -> pa.Table:
         """Arrow table (ts_close, bars_since_reset, features…) with the config in metadata."""
-        arrays = [pa.array(self.ts_close), pa.array(self.bars_since_reset)]
+        # tables.array_of: pa.array's type inference without its pandas import
+        arrays = [_arrow_of(self.ts_close), _arrow_of(self.bars_since_reset)]
         names = ["ts_close", "bars_since_reset"]
         for k, v in self.columns.items():
-            arrays.append(pa.array(v))
+            arrays.append(_arrow_of(v))
             names.append(k)
         md = {
             b"fx.format_version": FORMAT_VERSION.encode(),
@@ -551,14 +558,15 @@ class OfiFeatures:
             raise FxDataError("ofi_features table has no fx.ofi_config metadata")
         cfg = OfiConfig.model_validate(json.loads(md[b"fx.ofi_config"]))
         # Views of the (memory-mapped) table where the type already matches: no copies.
+        # (tables.numpy_of: to_numpy without its pandas import)
         cols = {
-            n: np.asarray(table.column(n).to_numpy(), dtype=np.float64)
+            n: np.asarray(numpy_of(table.column(n)), dtype=np.float64)
             for n in table.column_names
             if n not in ("ts_close", "bars_since_reset")
         }
         return cls(
-            ts_close=np.asarray(table.column("ts_close").to_numpy(), dtype=np.int64),
-            bars_since_reset=np.asarray(table.column("bars_since_reset").to_numpy(), dtype=np.int32),
+            ts_close=np.asarray(numpy_of(table.column("ts_close")), dtype=np.int64),
+            bars_since_reset=np.asarray(numpy_of(table.column("bars_since_reset")), dtype=np.int32),
             columns=cols,
             config=cfg,
             tick_size=float(md.get(b"fx.tick_size", b"nan")),

@@ -71,6 +71,7 @@ from fx_assets.core.dbn import SCHEMAS, SchemaSpec, SymbolInterval
 from fx_assets.core.errors import FxCacheError, FxDataError
 from fx_assets.core.locks import build_lock
 from fx_assets.core.source_hash import content_hash, path_tag, record_hash, recorded_hash, stat_stamp
+from fx_assets.core.tables import empty_array
 
 SIDECAR_FORMAT_VERSION = 2  # 2: whole-content source hash and body checksums
 DEFAULT_CHUNK_BYTES = dbn.DEFAULT_CHUNK_BYTES
@@ -873,7 +874,7 @@ def _check_source(source: Path, st0: os.stat_result) -> None:
 
 def _write_empty(path: Path, cols: list[tuple[str, pa.DataType]], schema: pa.Schema) -> None:
     # one (empty) batch, as for any other sidecar; write_table would write none
-    empty = pa.record_batch([pa.array([], type=t) for _, t in cols], schema=schema)
+    empty = pa.record_batch([empty_array(t) for _, t in cols], schema=schema)  # (no pandas import)
     with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, schema, options=_IPC_OPTIONS) as w:
         w.write_batch(empty)
 

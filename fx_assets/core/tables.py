@@ -26,6 +26,7 @@ from fx_assets.core.errors import FxCacheError, FxDataError
 __all__ = [
     "array_of",
     "dates_of",
+    "empty_array",
     "numpy_of",
     "py_dates",
     "py_strings",
@@ -76,11 +77,25 @@ def array_of(values: np.ndarray, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, len(v), [None, data])
 
 
+def empty_array(type_: pa.DataType) -> pa.Array:
+    """``pa.array([], type_)`` (a fixed-width number, bool, string or date32 type) without pandas."""
+    if pa.types.is_string(type_):
+        return strings_of([])
+    if pa.types.is_date32(type_):
+        return dates_of([])
+    dtype = np.bool_ if pa.types.is_boolean(type_) else np.dtype(type_.to_pandas_dtype())
+    return array_of(np.zeros(0, dtype), type_)
+
+
 def numpy_of(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A null-free fixed-width (or bool) Arrow column as numpy: a read-only view of its data
     buffer (bools unpacked to a new array); ``to_numpy`` without its pandas import."""
     if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+        # (combine_chunks of no chunks imports pandas: a table of no rows is read with none)
+        if arr.num_chunks == 0:
+            arr = empty_array(arr.type)
+        else:
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if arr.null_count:
         raise FxDataError(f"numpy_of: column of type {arr.type} has {arr.null_count} nulls")
     if pa.types.is_boolean(arr.type):

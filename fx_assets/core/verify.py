@@ -27,7 +27,7 @@ from fx_assets.core.bar_features import FeatureTable, build_registry, validate_f
 from fx_assets.core.bars import BarTable
 from fx_assets.core.calendar import session_label
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.tables import read_table, verify_table
+from fx_assets.core.tables import numpy_of, read_table, verify_table
 from fx_assets.core.verified import verify_once
 
 
@@ -129,7 +129,7 @@ def _check_aligned(
 def _bars_ts_close(bars_path: Path | None) -> np.ndarray | None:
     if bars_path is None:
         return None
-    return np.asarray(read_table(bars_path).column("ts_close").to_numpy(), dtype=np.int64)
+    return np.asarray(numpy_of(read_table(bars_path).column("ts_close")), dtype=np.int64)
 
 
 def verify_bar_features_file(path: Path, *, partition: str, bars_path: Path | None = None) -> dict[str, int]:
