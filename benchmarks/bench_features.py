@@ -598,13 +598,13 @@ def _clear_outputs(root: Path, quarter: str) -> None:
             p.unlink()
 
 
-def stages_root(src_main: Path | None = None) -> Path:
+def stages_root(src_main: Path | None = None, name: str = "stages_2q") -> Path:
     """A data root of two ``--scale 1`` quarters: 2024-Q3 is main's scale-out quarter (read
     through a symlink), 2024-Q2 is generated here (quarters are independent in the generator:
     the same bytes as generating both together). Sidecars and stage files are this root's."""
     main_q = src_main or Path("/work/main/benchmarks/data/scaleout_scale1")
     q2 = ensure_market("es_s1_2024q2", market_config([STAGES_PREV], scale=1.0, book_ratio=0.1))
-    root = DATA / "stages_2q"
+    root = DATA / name
     for schema in ("trades", "mbp-10"):
         for q, src in ((STAGES_PREV, q2), (STAGES_QUARTER, main_q)):
             link = raw_file(root, schema, q)
@@ -884,13 +884,17 @@ def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = 
     n_rounds = rounds or (3 if quick else 5)
     load_before = load_average()
     t_start = time.perf_counter()
-    root = stages_root()
     checkouts: list[Path | None] = [None] if baseline is None else [baseline, None]
+    # One data root per checkout: a baseline whose decoder code differs would otherwise find
+    # this checkout's sidecars stale and rebuild them every round, and so would this checkout
+    # (then no round is warm).
+    roots = {co: stages_root(name="stages_2q" if co is None else "stages_2q_baseline") for co in checkouts}
     prev_run: dict[str, Any] = {}
     for co in checkouts:
         _log(
             f"stages ({co or 'this checkout'}): previous quarter {STAGES_PREV} (untimed, builds its outputs)"
         )
+        root = roots[co]
         prev_run = _stages_in(co, root, STAGES_PREV)
         # Untimed: builds the quarter's sidecars on first use, and numba recompiles (rewriting
         # its on-disk cache) any edited module, which would otherwise be charged to round 1.
@@ -901,11 +905,22 @@ def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = 
     base_runs: list[dict[str, Any]] = []
     for r in range(n_rounds):
         for co in checkouts:
+            root = roots[co]
             _clear_outputs(root, STAGES_QUARTER)
             _log(
                 f"stages ({co or 'this checkout'}): {STAGES_QUARTER} round {r + 1}/{n_rounds} (fresh process, warm)"
             )
             (runs if co is None else base_runs).append(_stages_in(co, root, STAGES_QUARTER))
+    cold = [
+        st
+        for x in runs + base_runs
+        for st in ("predecoded_trades", "predecoded_mbp10")
+        if not x["info"][st]["reused"]
+    ]
+    if cold:
+        raise RuntimeError(
+            f"a timed round rebuilt a sidecar ({', '.join(sorted(set(cold)))}): not a warm round"
+        )
     outputs = runs[0]["outputs"]
     if any(x["outputs"] != outputs for x in runs):
         raise RuntimeError("stage outputs differ between rounds")
