@@ -8,8 +8,9 @@ that evaluates them (``fx_automation``, RUNNING by default).
   without both stable files is never requested) or in progress.
 - ``fold_ranges`` / ``trained_model``: ``EAGER_ALL`` — a fold is retrained when any fxcache
   quarter of its window has a new materialization, once every quarter of the window exists.
-- ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold is in
-  progress or requested on the same tick (it reports the folds that exist and names the missing ones).
+- ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold, and no
+  input of a fold, is in progress or requested on the same tick (it reports the folds that exist
+  and names the missing ones).
 - An asset is never requested while an asset that reads it is in progress
   (:func:`guard_readers`, applied to every automated asset from the graph's own edges). Why:
   ``since_last_handled`` resets on the target's own materialization, and when that lands between
@@ -56,6 +57,12 @@ REPORT = (
     AC.any_deps_updated().since_last_handled()
     & ~AC.any_deps_in_progress()
     & ~AC.any_deps_match(AC.will_be_requested()).with_label("any_fold_requested")
+    # nor while a fold's inputs (its fxcache quarters, its ranges) are being built or requested:
+    # that fold is requested on a later tick, and a report requested now would finish just
+    # before it (CI: report and the new quarter's fold launched 1.8 s apart, the fold never reported)
+    & ~AC.any_deps_match(AC.any_deps_in_progress() | AC.any_deps_match(AC.will_be_requested())).with_label(
+        "a_fold_input_in_progress"
+    )
     & ~AC.in_progress()
 ).with_label("any_fold_updated")
 

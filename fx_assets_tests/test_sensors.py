@@ -242,3 +242,12 @@ def test_nothing_is_rebuilt_while_an_asset_reading_it_runs(tmp_path: Path) -> No
         r, req = tick(inst, r.cursor)
         assert req.get("trained_model") == {KEYS[2], KEYS[3]}, req
         assert "walk_forward_report" not in req, req  # not on the tick that requests the folds
+        materialize(inst, req)
+        # the folds changed, but a fold's fxcache is being rebuilt: its fold trains after it, so
+        # a report now would end just before that fold (CI: launched 1.8 s apart, never refreshed)
+        fx_run = started_run("fxcache", KEYS[3])
+        r, req = tick(inst, r.cursor)
+        assert "walk_forward_report" not in req, req
+        inst.report_run_failed(fx_run)
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
