@@ -884,25 +884,24 @@ class DeviceStore:
                     nbytes = futs.pop(ci).result()
                     hashed[b] = last_hash[id(r)] = hx.submit(digest, r, b, nbytes, last_hash.get(id(r)))
                     src = bufs[b][:nbytes]
+                    # every view and event is made before ev0 is recorded: each torch call
+                    # releases the GIL and may wait to get it back from the reader and hasher
+                    # threads, and that wait would sit inside the timed copy
+                    if r.direct:
+                        dst = r.dest.view(-1).view(torch.uint8)[i * r.rowbytes : j * r.rowbytes]
+                    else:
+                        assert scratch is not None
+                        dst = scratch[:nbytes]
+                    ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
+                    ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
                     with torch.cuda.stream(stream) if cuda else _nullctx():
-                        ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
                         if ev0 is not None:
                             ev0.record(stream)
-                        if r.direct:
-                            r.dest.view(-1).view(torch.uint8)[i * r.rowbytes : j * r.rowbytes].copy_(
-                                src, non_blocking=cuda
-                            )
-                            ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
-                            if ev1 is not None:
-                                ev1.record(stream)
-                        else:
-                            assert scratch is not None
-                            sc = scratch[:nbytes]
-                            sc.copy_(src, non_blocking=cuda)
-                            ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
-                            if ev1 is not None:
-                                ev1.record(stream)
-                            r.dest[i:j].copy_(_decode_wire(sc, r.src, j - i, r.w))
+                        dst.copy_(src, non_blocking=cuda)
+                        if ev1 is not None:
+                            ev1.record(stream)
+                        if not r.direct:
+                            r.dest[i:j].copy_(_decode_wire(dst, r.src, j - i, r.w))
                         if ev1 is not None:
                             timings.append((ev0, ev1, nbytes))
                     done[b] = ev1
