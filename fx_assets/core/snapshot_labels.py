@@ -139,28 +139,33 @@ def relative_change(
     hi0 = n - h  # rows [lo0, hi0) have every row of their window
     if hi0 <= lo0:
         return out
-    s = torch.zeros(n + 1, dtype=torch.int64, device=u.device)
-    s[1:] = torch.cumsum(u, 0)
-    rows = torch.arange(lo0, hi0, device=u.device)
+    # Rows [lo0, hi0) shifted by a constant are slices (views), not gathers: on the device a
+    # fold transition is a handful of elementwise passes per horizon.
+    if breaks is not None and breaks.shape != u.shape:
+        raise FxDataError(f"breaks shape {tuple(breaks.shape)} differs from mid {tuple(u.shape)}")
 
-    def mean(a: torch.Tensor, w: int) -> torch.Tensor:  # mean of u[a-w+1 .. a], exact sum
-        return (s[a + 1] - s[a + 1 - w]).to(torch.float64) / w
+    def at(k: int) -> slice:  # rows [lo0, hi0) shifted by k
+        return slice(lo0 + k, hi0 + k)
 
-    now = u[rows].to(torch.float64)
     if form == "unsmoothed":
-        val = (u[rows + h].to(torch.float64) - now) / now
-    elif form == "fi":
-        val = (mean(rows + h, h) - now) / now
-    elif form == "deeplob":
-        past = mean(rows, h)
-        val = (mean(rows + h, h) - past) / past
+        now = u[at(0)].to(torch.float64)
+        val = (u[at(h)].to(torch.float64) - now) / now
     else:
-        past = mean(rows, back)
-        val = (mean(rows + h, back) - past) / past
+        s = torch.zeros(n + 1, dtype=torch.int64, device=u.device)
+        s[1:] = torch.cumsum(u, 0)
+
+        def mean(k: int, w: int) -> torch.Tensor:  # mean of u[a-w+1 .. a], a = row + k: exact sum
+            return (s[at(k + 1)] - s[at(k + 1 - w)]).to(torch.float64) / w
+
+        if form == "fi":
+            now = u[at(0)].to(torch.float64)
+            val = (mean(h, h) - now) / now
+        else:
+            w = h if form == "deeplob" else back
+            past = mean(0, w)
+            val = (mean(h, w) - past) / past
     if breaks is not None:
-        if breaks.shape != u.shape:
-            raise FxDataError(f"breaks shape {tuple(breaks.shape)} differs from mid {tuple(u.shape)}")
-        val = torch.where(breaks[rows + h] == breaks[rows - back + 1], val, torch.nan)
+        val = torch.where(breaks[at(h)] == breaks[at(1 - back)], val, torch.nan)
     out[lo0:hi0] = val
     return out
 
@@ -174,6 +179,7 @@ class HorizonLabels:
     classes: torch.Tensor  # [n] float64: +1 / -1 / 0 (three_class) / NaN (undefined or excluded)
     alpha: float  # the dead band, fitted on the training rows
     shares: dict[str, float] = field(default_factory=dict)  # over the defined training rows
+    train_defined: int = 0  # training rows whose label is defined (before any exclusion)
 
 
 def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
@@ -203,9 +209,6 @@ def snapshot_labels(
     """
     import torch
 
-    n = int(mid.shape[0])
-    if not 0 < n_train <= n:
-        raise FxDataError(f"n_train {n_train} outside (0, {n}]")
     u = half_ticks(mid, tick)
     br = None
     if breaks is not None:
@@ -215,25 +218,51 @@ def snapshot_labels(
             else torch.from_numpy(np.asarray(breaks, dtype=np.int64))
         )
         br = br.to(mid.device)
-    out = []
+    return labels_of_ticks(u, n_train, cfg, br)
+
+
+def labels_of_ticks(
+    u: torch.Tensor, n_train: int, cfg: SnapshotLabelConfig, breaks: torch.Tensor | None
+) -> list[HorizonLabels]:
+    """:func:`snapshot_labels` of a mid already in int64 half-ticks (:func:`half_ticks`), with
+    the break counts on the same device. The class shares of every horizon are counted on the
+    device and read back in one transfer."""
+    import torch
+
+    n = int(u.shape[0])
+    if not 0 < n_train <= n:
+        raise FxDataError(f"n_train {n_train} outside (0, {n}]")
+    nan = float("nan")
+    changes, classes, alphas, counts = [], [], [], []
     for h in cfg.horizons:
-        ch = relative_change(u, br, h, cfg.form, cfg.smooth)
+        ch = relative_change(u, breaks, h, cfg.form, cfg.smooth)
         alpha = fit_alpha(ch[:n_train], cfg.stationary_share)
-        cls = torch.where(ch > alpha, 1.0, torch.where(ch < -alpha, -1.0, 0.0)).to(torch.float64)
-        cls = torch.where(torch.isfinite(ch), cls, torch.nan)
+        # +1 above the band, -1 below, 0 inside; NaN compares false, then becomes NaN again
+        cls = (ch > alpha).to(torch.float64) - (ch < -alpha).to(torch.float64)
+        cls = cls.masked_fill_(~torch.isfinite(ch), nan)
         tr = cls[:n_train]
-        defined = int(torch.isfinite(tr).sum())
+        counts.append(
+            torch.stack([torch.isfinite(tr).sum(), (tr == 1.0).sum(), (tr == -1.0).sum(), (tr == 0.0).sum()])
+        )
+        changes.append(ch)
+        classes.append(cls)
+        alphas.append(alpha)
+    table = torch.stack(counts).tolist()  # the one host sync of the shares
+    out = []
+    for h, ch, cls, alpha, (defined, up, down, flat) in zip(
+        cfg.horizons, changes, classes, alphas, table, strict=True
+    ):
         shares = {
             "defined": defined / n_train,
             **{
-                name: (float((tr == v).sum()) / defined if defined else float("nan"))
-                for name, v in (("up", 1.0), ("down", -1.0), ("stationary", 0.0))
+                name: (c / defined if defined else float("nan"))
+                for name, c in (("up", up), ("down", down), ("stationary", flat))
             },
         }
         if cfg.zero == "exclude":
-            cls = torch.where(cls == 0.0, torch.nan, cls)
+            cls = cls.masked_fill_(cls == 0.0, nan)
             shares["excluded"] = shares["stationary"]
-        out.append(HorizonLabels(h, ch, cls, alpha, shares))
+        out.append(HorizonLabels(h, ch, cls, alpha, shares, int(defined)))
     return out
 
 

@@ -40,7 +40,7 @@ import torch
 from fx_assets.core import labels
 from fx_assets.core.device_store import CLOSE_COLUMN, DEFAULT_PRICE_COLUMNS, DeviceSlice
 from fx_assets.core.errors import FxDataError
-from fx_assets.core.snapshot_labels import breaks_of, half_ticks, relative_change, snapshot_labels
+from fx_assets.core.snapshot_labels import breaks_of, half_ticks, labels_of_ticks, relative_change
 from fx_assets.core.trainers.common import FoldData, FoldRangeLike, TrainConfig
 
 
@@ -710,8 +710,8 @@ def snapshot_fold_labels(
         raise FxDataError(f"{where}: snapshot rows need a session or contract price column (breaks)")
     br = breaks_of(*ids)
     lab_cfg = cfg.snapshot_labels()
-    labs = snapshot_labels(mid, tick, n_tr, lab_cfg, br)
-    u = half_ticks(mid, tick)
+    u = half_ticks(mid, tick)  # once per fold: the grid check is a host sync
+    labs = labels_of_ticks(u, n_tr, lab_cfg, br)
     r1 = relative_change(u, br, 1, "unsmoothed", 1)
     by_h = {hl.horizon: hl for hl in labs}
     main = by_h[cfg.train_horizon]
@@ -726,7 +726,7 @@ def snapshot_fold_labels(
         "horizon_shares": {hl.horizon: dict(hl.shares) for hl in labs},
         "horizon_alpha": {hl.horizon: hl.alpha for hl in labs},
         "classes": {hl.horizon: hl.classes for hl in labs},  # [ts0, ve) rows, every horizon
-        "train_labels_undefined": int((~torch.isfinite(main.change[:n_tr])).sum()),
+        "train_labels_undefined": n_tr - main.train_defined,
     }
     return main.classes, r1, extra
 
