@@ -159,3 +159,38 @@ def test_horizon_clock_time_skips_breaks() -> None:
     brk = running_breaks(np.repeat([0, 1], [60, 40]))
     assert horizon_clock_ns(ts, brk, [5]) == {5: 5_000.0}
     assert horizon_clock_ns(ts, None, [5])[5] == 5_000.0  # the median ignores the few gap rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("zero", ["exclude", "three_class"])
+def test_fused_kernel_equals_the_torch_definition_bitwise(form: str, zero: str) -> None:
+    """The fold transition's one-kernel labels (trainers.snapshot_label_kernel) on CUDA equal the
+    torch definition on the CPU bit for bit: changes, classes, the 1-row reward and the shares,
+    with breaks and without, across many kernel programs."""
+    from fx_assets.core.snapshot_labels import labels_of_ticks
+    from fx_assets.core.trainers.snapshot_label_kernel import fused_snapshot_labels
+
+    n, n_tr = 300_001, 200_000
+    u = half_ticks(torch.from_numpy(_mids(n, seed=3)), TICK)
+    brk = torch.from_numpy(running_breaks(np.random.default_rng(4).integers(0, 400, n) == 0))
+    cfg = SnapshotLabelConfig(horizons=[1, 10, 20, 50, 100, 500], form=form, zero=zero, smooth=7)
+    for b in (brk, None):
+        got = fused_snapshot_labels(u.cuda(), None if b is None else b.cuda(), n_tr, cfg)
+        assert got is not None, "the fused kernel did not run"
+        labs, r1 = got
+        want = labels_of_ticks(u, n_tr, cfg, b)
+        for g, w in zip(labs, want, strict=True):
+            assert g.horizon == w.horizon and g.train_defined == w.train_defined and g.shares == w.shares
+            for a, e in ((g.change, w.change), (g.classes, w.classes)):
+                a = a.cpu()
+                assert torch.equal(torch.isnan(a), torch.isnan(e))
+                assert torch.equal(a.nan_to_num(7.0).view(torch.int64), e.nan_to_num(7.0).view(torch.int64))
+        e1 = relative_change(u, b, 1, "unsmoothed", 1)
+        assert torch.equal(r1.cpu().nan_to_num(7.0).view(torch.int64), e1.nan_to_num(7.0).view(torch.int64))
+    # a fitted dead band is the torch path's
+    assert (
+        fused_snapshot_labels(u.cuda(), brk.cuda(), n_tr, cfg.model_copy(update={"stationary_share": 0.3}))
+        is None
+    )

@@ -42,6 +42,7 @@ from fx_assets.core.device_store import CLOSE_COLUMN, DEFAULT_PRICE_COLUMNS, Dev
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.snapshot_labels import breaks_of, half_ticks, labels_of_ticks, relative_change
 from fx_assets.core.trainers.common import FoldData, FoldRangeLike, TrainConfig
+from fx_assets.core.trainers.snapshot_label_kernel import fused_snapshot_labels
 
 
 # ---------------------------------------------------------------------------- labels
@@ -711,8 +712,12 @@ def snapshot_fold_labels(
     br = breaks_of(*ids)
     lab_cfg = cfg.snapshot_labels()
     u = half_ticks(mid, tick)  # once per fold: the grid check is a host sync
-    labs = labels_of_ticks(u, n_tr, lab_cfg, br)
-    r1 = relative_change(u, br, 1, "unsmoothed", 1)
+    fused = fused_snapshot_labels(u, br, n_tr, lab_cfg)  # one kernel on CUDA, else None
+    if fused is not None:
+        labs, r1 = fused
+    else:
+        labs = labels_of_ticks(u, n_tr, lab_cfg, br)
+        r1 = relative_change(u, br, 1, "unsmoothed", 1)
     by_h = {hl.horizon: hl for hl in labs}
     main = by_h[cfg.train_horizon]
     extra: dict[str, Any] = {
@@ -727,6 +732,7 @@ def snapshot_fold_labels(
         "horizon_alpha": {hl.horizon: hl.alpha for hl in labs},
         "classes": {hl.horizon: hl.classes for hl in labs},  # [ts0, ve) rows, every horizon
         "train_labels_undefined": n_tr - main.train_defined,
+        "fused_labels": fused is not None,
     }
     return main.classes, r1, extra
 
