@@ -44,7 +44,7 @@ import pyarrow as pa
 from numba import njit
 from pydantic import Field, model_validator
 
-from fx_assets.core import calendar
+from fx_assets.core import calendar, detmath
 from fx_assets.core.bars import BarTable
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
@@ -1298,10 +1298,10 @@ class _Ctx:
         )
 
     def log_volume(self) -> F64:
-        return self.get("log_volume", lambda: np.log(self.bars.volume))
+        return self.get("log_volume", lambda: detmath.log(self.bars.volume))
 
     def log_duration(self) -> F64:
-        return self.get("log_duration", lambda: np.log1p(self.bars.duration_ns.astype(np.float64) / 1e6))
+        return self.get("log_duration", lambda: detmath.log1p(self.bars.duration_ns.astype(np.float64) / 1e6))
 
     def tod_angle(self) -> F64:
         return self.get(
@@ -1557,7 +1557,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             1,
             0,
             (-1.0, 1.0),
-            lambda x: np.sin(x.tod_angle()),
+            lambda x: detmath.sin(x.tod_angle()),
         ),
         FeatureSpec(
             "time_of_day_cos",
@@ -1565,7 +1565,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             1,
             0,
             (-1.0, 1.0),
-            lambda x: np.cos(x.tod_angle()),
+            lambda x: detmath.cos(x.tod_angle()),
         ),
         FeatureSpec(
             "session_progress",

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from fx_assets.core import detmath
 from fx_assets.core.errors import FxDataError
 
 if TYPE_CHECKING:  # the *_torch forms import torch when called (the numpy forms need none)
@@ -63,7 +64,7 @@ def _log_close(close: npt.ArrayLike, name: str) -> F64:
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise FxDataError(f"{name}: close must be finite and > 0; bar {j} has {c[j]!r}")
-    return np.log(c)
+    return detmath.log(c)  # not np.log: its bits depend on the CPU (core.detmath)
 
 
 def _fwd_from_log(logc: F64, h: int, d: int) -> F64:

@@ -71,6 +71,7 @@ import numpy.typing as npt
 from numba import njit
 from pydantic import Field, field_validator
 
+from fx_assets.core import detmath
 from fx_assets.core.configmodel import ConfigModel
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.ofi import _BOOK_STATE_COLS, _log1p_nb, _ratio, ofi_feature_registry
@@ -317,8 +318,8 @@ def bar_progress(vol_since: F64, bar_volume: F64, elapsed_ns: I64, bar_duration_
     out = np.empty((v.shape[0], len(BAR_PROGRESS_NAMES)))
     np.divide(v, bv, out=out[:, 0], where=bv > 0)
     out[bv <= 0, 0] = 0.0
-    np.log1p(el_us, out=out[:, 2])
-    out[:, 1] = out[:, 2] - np.log1p(du_us)
+    out[:, 2] = detmath.log1p(el_us)  # not np.log1p: its bits depend on the CPU (core.detmath)
+    out[:, 1] = out[:, 2] - detmath.log1p(du_us)
     return out
 
 
