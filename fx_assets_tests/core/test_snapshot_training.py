@@ -167,13 +167,29 @@ def _snapshot_files(tmp_path: Path, signal: float, n: int, seed: int = 0) -> tup
 
 
 @pytest.mark.parametrize("block_rows", [37, 1000])
-def test_streamed_snapshot_fold_equals_the_resident_one(tmp_path: Path, block_rows: int) -> None:
-    """Blocks shorter than the 201-row reach: every block's last labels need the next blocks'
-    mids (the look-ahead), and they equal the resident labels bit for bit, as do the inputs."""
+@pytest.mark.parametrize(
+    "form,share,zero",
+    [
+        ("unsmoothed", None, "exclude"),
+        ("fi", 0.4, "three_class"),
+        ("deeplob", None, "three_class"),
+        ("deeplob", 0.3, "exclude"),
+        ("tlob", None, "exclude"),
+        ("tlob", 0.6, "three_class"),
+    ],
+)
+def test_streamed_snapshot_fold_equals_the_resident_one(
+    tmp_path: Path, block_rows: int, form: str, share: float | None, zero: str
+) -> None:
+    """Every label form, with and without a fitted dead band: blocks shorter than the 201-row
+    reach (and than deeplob's 200-row look-back) cut through the session breaks and the
+    contract roll, so a block's labels need the rows of the blocks before and after it (the
+    halo); they equal the resident labels bit for bit, as do the inputs, every horizon's
+    validation classes, the dead bands and the zero-move share."""
     from fx_assets.core.fold_stream import StreamedRows
     from fx_assets.core.trainers.rows import ResidentRows
 
-    cfg = _cfg()
+    cfg = _cfg(snapshot_form=form, snapshot_stationary_share=share, snapshot_zero=zero, snapshot_smooth=7)
     paths, view = _snapshot_files(tmp_path, 1.0, 6000)
     fr = _range(view, cfg)
     ref = fold_transition(view, fr, cfg)
@@ -185,10 +201,18 @@ def test_streamed_snapshot_fold_equals_the_resident_one(tmp_path: Path, block_ro
             a = torch.cat([getattr(b, name) for b in sr.block_list(part, 0, n)])
             b_ = torch.cat([getattr(b, name) for b in res.block_list(part, 0, n)])
             assert torch.equal(a.nan_to_num(7.0), b_.nan_to_num(7.0)), (part, name)
+    y = torch.cat([ref.y_train, ref.y_val])
+    assert bool(torch.isfinite(y).any()) and bool(torch.isnan(y).any())  # labels and breaks both seen
+    if zero == "three_class":
+        assert bool((ref.y_train == 0).any())
     assert sr.extra["zero_move_share"] == ref.extra["zero_move_share"]
+    assert sr.extra["alpha"] == ref.extra["alpha"] and sr.extra["horizon_alpha"] == ref.extra["horizon_alpha"]
+    assert (share is None) == (ref.extra["alpha"] == 0.0)
+    n_val = fr.val_end - fr.val_start
+    got = sr.val_classes()
+    for h, cls in ref.extra["classes"].items():
+        assert torch.equal(got[h].nan_to_num(7.0), cls[-n_val:].nan_to_num(7.0)), h
     sr.close()
-    with pytest.raises(FxDataError, match="forward-only label forms"):
-        StreamedRows(paths, fr, _cfg(snapshot_form="tlob"), block_rows=100, device="cpu", price_tick=TICK)
 
 
 def test_mlp_and_dqn_train_on_a_streamed_snapshot_fold(tmp_path: Path) -> None:
