@@ -199,7 +199,11 @@ class AbsChangeQuantile:
     two order statistics around rank ``share * (n - 1)`` from the cumulative counts and
     interpolates them as ``torch.quantile`` does (linear; its ``lerp``: ``a + w (b - a)`` for
     ``w < 0.5``, else ``b - (b - a)(1 - w)``, each a fused multiply-add, rounded once), so the
-    result is that of :func:`fit_alpha` over all the values at once (tested bit for bit). Unlike ``torch.quantile`` it has no input-size limit (2**24 values).
+    result is that of :func:`fit_alpha` over all the values at once (tested bit for bit against
+    torch.quantile on the CPU; the same rule matched it on CUDA, torch 2.11 on an H200, 3000
+    random cases). Host memory: 16 bytes per distinct value and horizon; the unsmoothed and fi
+    ratios repeat heavily, the smoothed forms (ratios of window sums) can be nearly all
+    distinct, at worst 16 bytes per training row and horizon. Unlike ``torch.quantile`` it has no input-size limit (2**24 values).
     """
 
     COMPACT_AT = 1 << 22  # pending distinct values merged into the table beyond this many
