@@ -632,6 +632,8 @@ class StreamedRows(FoldRows):
                 f"{self._where}: {max(undefined, n_r1)} training labels undefined (purge/prices)"
             )
         self._undefined = int(max(undefined, n_r1))
+        if self.row_unit == "snapshot":  # as the resident extra: undefined changes, not excluded classes
+            self._undefined = (te - ts0) - self._zero_counts[0]
         if mom.n != te - ts0:
             raise FxDataError(f"{self._where}: statistics pass saw {mom.n} of {te - ts0} training rows")
         mean = mom.mean

@@ -206,6 +206,7 @@ def test_streamed_snapshot_fold_equals_the_resident_one(
     if zero == "three_class":
         assert bool((ref.y_train == 0).any())
     assert sr.extra["zero_move_share"] == ref.extra["zero_move_share"]
+    assert sr.extra["train_labels_undefined"] == ref.extra["train_labels_undefined"] > 0
     assert sr.extra["alpha"] == ref.extra["alpha"] and sr.extra["horizon_alpha"] == ref.extra["horizon_alpha"]
     assert (share is None) == (ref.extra["alpha"] == 0.0)
     n_val = fr.val_end - fr.val_start
