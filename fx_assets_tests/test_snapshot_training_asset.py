@@ -124,3 +124,35 @@ def test_mlp_trains_on_snapshot_rows_through_the_assets(tmp_path: Path, snap_sig
         assert md["val_auc"] > 0.53 and md["auc_null_z"] > 4, md
     else:
         assert abs(md["auc_null_z"]) < 4, md
+
+
+@pytest.mark.parametrize("three", [False, True])
+def test_snapshot_outputs_store_the_three_class_probabilities(tmp_path: Path, three: bool) -> None:
+    """``val_predictions.npz`` of a three-class MLP holds its score and ``proba`` (up,
+    stationary, down); the per-horizon AUC is the score's, up against down (class 0 left out).
+    A binary model's file is as before (no ``proba``)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fx_assets.assets.training import _snapshot_outputs
+    from fx_assets.core import metrics as M
+    from fx_assets.core.trainers.common import TrainConfig
+
+    rng = np.random.default_rng(0)
+    n = 500
+    proba = rng.dirichlet([1.0, 2.0, 1.0], n)
+    score = 0.5 * (1.0 + proba[:, 0] - proba[:, 2])
+    cls = rng.choice([1.0, 0.0, -1.0, np.nan], n)
+    cfg = TrainConfig(trainer="mlp", row_unit="snapshot", snapshot_zero="three_class" if three else "exclude")
+    fold = SimpleNamespace(extra={"classes": {50: torch.from_numpy(np.concatenate([np.zeros(7), cls]))}})
+    result = SimpleNamespace(metrics={"auc": 0.5}, val_scores=score, val_proba=proba if three else None)
+    meta = _snapshot_outputs(tmp_path, fold, result, np.arange(n, dtype=np.int64), cfg)
+    with np.load(tmp_path / "val_predictions.npz") as z:
+        assert ("proba" in z.files) == three
+        np.testing.assert_array_equal(z["score"], score)
+        np.testing.assert_array_equal(z["classes_h50"], cls)
+        if three:
+            np.testing.assert_array_equal(z["proba"], proba)
+    assert meta["val_auc_h50"] == round(M.auc_returns(score, cls), 6)
+    assert meta["zero_handling"] == cfg.snapshot_zero

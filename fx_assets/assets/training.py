@@ -472,8 +472,11 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
 def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, cfg: Any) -> dict[str, Any]:
     """A snapshot fold's label metadata and its validation predictions: ``val_predictions.npz``
     in the model directory (``ts``: ts_recv per validation row; ``score``: the model's score,
-    P(up) for the MLP; ``classes_h<h>``: the label class +1 / -1 / 0 / NaN of every horizon, where
-    the fold was resident), and the AUC of the score at each of those horizons."""
+    P(up) for the binary MLP, ``(1 + P(up) - P(down)) / 2`` for the three-class MLP
+    (``snapshot_zero='three_class'``), which then also stores ``proba``: ``[n, 3]`` P(up),
+    P(stationary), P(down); ``classes_h<h>``: the label class +1 / -1 / 0 / NaN of every
+    horizon), and the AUC of the score at each of those horizons: up against down, the rows of
+    class 0 or NaN left out (as the signal report takes it)."""
     from fx_assets.core.fold_stream import StreamedRows  # torch: with the training step only
 
     extra = dict(fold.extra)
@@ -490,6 +493,9 @@ def _snapshot_outputs(out_dir: Any, fold: Any, result: Any, val_ts: np.ndarray, 
     if result.val_scores is not None:
         arrays["score"] = np.asarray(result.val_scores, dtype=np.float64)
         n_val = arrays["score"].shape[0]
+        if getattr(result, "val_proba", None) is not None:
+            arrays["proba"] = np.asarray(result.val_proba, dtype=np.float64)
+            meta["score"] = "(1 + P(up) - P(down)) / 2 of the 3-class softmax"
         for h, cls in sorted(extra.get("classes", {}).items()):
             c = cls[-n_val:].double().cpu().numpy()  # the fold's rows end with its validation rows
             arrays[f"classes_h{h}"] = c

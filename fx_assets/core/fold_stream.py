@@ -31,13 +31,19 @@ the roll mask from the ``contract`` price column's changes inside that window (a
 spans a roll; prices past ``val_end`` are never read) — the resident path's functions, so equal
 statistics give equal bits.
 
-Snapshot rows (the file's ``row_unit`` meta): the look-ahead is the snapshot labels' reach in
-rows (``TrainConfig.purge_bars``: the longest horizon + 1 for the forward-only forms), the
-labels are ``core.snapshot_labels`` of the window's exact ``mid`` with breaks at changes of its
-``session`` / ``contract`` columns, so a label at a block edge is the resident one. Streamed,
-only the forms that read no row before ``n`` (``unsmoothed``, ``fi``) and no fitted dead band
-(``snapshot_stationary_share`` None) are supported: those would need look-back rows or a
-quantile over all training labels (refused with an error saying so).
+Snapshot rows (the file's ``row_unit`` meta): every form of ``core.snapshot_labels`` streams.
+A block's price window is its rows plus a halo on each side: ``back - 1`` rows of look-back
+(``back`` = the most rows up to ``n`` any horizon's label reads: ``h`` for ``deeplob``,
+``min(smooth, h)`` for ``tlob``, 1 for ``unsmoothed`` / ``fi``) and the labels' reach
+(``TrainConfig.purge_bars``) of look-ahead, both clipped to the fold's ``[train_start,
+val_end)`` as the resident labels are. The labels are ``relative_change`` of the window's exact
+``mid`` half-ticks with breaks at changes of its ``session`` / ``contract`` columns (a window that
+spans a roll or session break is undefined wherever the block edges fall), so every label is the
+resident one bit for bit. A fitted dead band (``snapshot_stationary_share``) is fitted before
+training in one streaming pass over the training rows only (prices, no inputs): every horizon's
+|change| values collected exactly as distinct values with counts
+(:class:`~fx_assets.core.snapshot_labels.AbsChangeQuantile`), whose quantile is that of the
+resident ``fit_alpha`` bit for bit; validation rows never enter it.
 
 Normalisation statistics
 ------------------------
@@ -76,7 +82,14 @@ from fx_assets.core.device_store import (
 )
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, open_fxcache
-from fx_assets.core.snapshot_labels import back_rows, breaks_of, half_ticks, relative_change, snapshot_labels
+from fx_assets.core.snapshot_labels import (
+    AbsChangeQuantile,
+    back_rows,
+    breaks_of,
+    classify,
+    half_ticks,
+    relative_change,
+)
 from fx_assets.core.trainers.common import FoldRangeLike, TrainConfig
 from fx_assets.core.trainers.rows import FoldRows, Moments, Part, RowBlock
 from fx_assets.core.trainers.transition import block_labels, floor_std, normalise_values, select_inputs
@@ -208,20 +221,18 @@ class StreamedRows(FoldRows):
         self.reach = labels.max_horizon(cfg.horizons, cfg.entry_lag)
         self.price_tick = price_tick
         self._zero_counts = [0, 0]  # snapshot rows: (defined, stationary) training labels
+        self.back = 0  # rows before a block's first row its labels read (the look-back halo)
+        self._lab = cfg.snapshot_labels()
+        self._alpha = {h: 0.0 for h in self._lab.horizons}  # snapshot dead bands, per horizon
         if cfg.row_unit == "snapshot":
             self.horizons, self.entry_lag, self.target = (
                 (cfg.train_horizon,),
                 0,
                 f"snapshot_h{cfg.train_horizon}",
             )
-            self.reach = cfg.purge_bars  # the snapshot labels' reach in rows
-            lab = cfg.snapshot_labels()
-            if any(back_rows(lab.form, h, lab.smooth) != 1 for h in lab.horizons) or lab.stationary_share:
-                raise FxDataError(
-                    f"streamed snapshot folds support the forward-only label forms (unsmoothed, fi) "
-                    f"without a fitted dead band; got form {lab.form!r}, stationary_share "
-                    f"{lab.stationary_share}: use a resident fold (a larger device budget)"
-                )
+            self.reach = cfg.purge_bars  # the snapshot labels' reach in rows (covers every h)
+            lab = self._lab
+            self.back = max(back_rows(lab.form, h, lab.smooth) for h in lab.horizons) - 1
             if price_tick is None:
                 raise FxDataError("streamed snapshot folds need the instrument tick (price_tick)")
         self.stream_stats = StreamStats()
@@ -231,6 +242,8 @@ class StreamedRows(FoldRows):
             self._open(paths, verify)
             self._check_range(fold_range)
             self._setup()
+            if cfg.row_unit == "snapshot" and self._lab.stationary_share is not None:
+                self._alpha = self._fit_dead_band(self._lab.stationary_share)
             if stats is None:
                 self.mean, self.std = self._statistics()
             else:
@@ -247,6 +260,8 @@ class StreamedRows(FoldRows):
                 label_form=cfg.snapshot_form,
                 zero_handling=cfg.snapshot_zero,
                 zero_move_share=zero / defined if defined else float("nan"),
+                alpha=self._alpha[cfg.train_horizon],
+                horizon_alpha=dict(self._alpha),
             )
 
     # ------------------------------------------------------------------ setup
@@ -313,7 +328,7 @@ class StreamedRows(FoldRows):
         self._np_dtype, tdt = wire[self._dtype]
         self._bf16 = self._dtype == "bf16"
         cap = self._cap
-        capp = cap + self.reach
+        capp = self.back + cap + self.reach  # look-back halo, the block, the look-ahead
         self._host = [
             (
                 torch.empty((cap, self._vw), dtype=tdt, pin_memory=cuda),
@@ -375,9 +390,11 @@ class StreamedRows(FoldRows):
                 raise FxDataError(f"{path}: short read at byte {offset + done}")
             done += got
 
-    def _fill(self, slot: int, lo: int, hi: int, with_x: bool) -> tuple[int, int]:
-        """Reader thread: rows ``[lo, hi)`` (and the price look-ahead) into host buffer ``slot``,
-        then their copy to device buffer ``slot`` queued on the copy stream. (rows, look-ahead)."""
+    def _fill(self, slot: int, lo: int, hi: int, with_x: bool) -> tuple[int, int, int]:
+        """Reader thread: rows ``[lo, hi)`` (and the price look-back and look-ahead) into host
+        buffer ``slot``, then their copy to device buffer ``slot`` queued on the copy stream.
+        (rows, look-ahead, look-back); the price rows are ``[lo - look-back, hi + look-ahead)``,
+        clipped to the fold's ``[train_start, val_end)`` (the resident labels read no other row)."""
         t0 = time.perf_counter()
         hv, hp = self._host[slot]
         dv, dp = self._dev[slot]
@@ -386,21 +403,23 @@ class StreamedRows(FoldRows):
             ev.synchronize()  # the host buffer's previous copy has completed
         m = hi - lo
         look = min(self.reach, self.bounds[3] - hi)
+        back = min(self.back, lo - self.bounds[0])
         if with_x:
             for f, a, b, off in self._pieces(lo, hi):
                 h = f.fc.header
                 rb = int(h.row_width) * int(h.itemsize)
                 self._pread(f.fd, hv[off : off + b - a], int(h.values_offset) + a * rb, f.path)
-        for f, a, b, off in self._pieces(lo, hi + look):
+        for f, a, b, off in self._pieces(lo - back, hi + look):
             h = f.fc.header
             self._pread(f.fd, hp[off : off + b - a], int(h.price_offset) + a * int(h.price_width) * 8, f.path)
         t1 = time.perf_counter()
-        nbytes = (m * hv.shape[1] * hv.element_size() if with_x else 0) + (m + look) * hp.shape[1] * 8
+        k = back + m + look  # price rows
+        nbytes = (m * hv.shape[1] * hv.element_size() if with_x else 0) + k * hp.shape[1] * 8
         cs = self._copy_stream
         if cs is None:  # CPU: the same copy, synchronous
             if with_x:
                 dv[:m].copy_(hv[:m])
-            dp[: m + look].copy_(hp[: m + look])
+            dp[:k].copy_(hp[:k])
         else:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.device(self._device), torch.cuda.stream(cs):
@@ -408,7 +427,7 @@ class StreamedRows(FoldRows):
                 e0.record(cs)
                 if with_x:
                     dv[:m].copy_(hv[:m], non_blocking=True)
-                dp[: m + look].copy_(hp[: m + look], non_blocking=True)
+                dp[:k].copy_(hp[:k], non_blocking=True)
                 e1.record(cs)
                 ev.record(cs)  # type: ignore[union-attr]
             with self._lock:
@@ -416,24 +435,25 @@ class StreamedRows(FoldRows):
         with self._lock:
             self.stream_stats.read_seconds += t1 - t0
             self.stream_stats.h2d_bytes += nbytes
-        return m, look
+        return m, look, back
 
     def _raw_blocks(
         self, row_spans: Sequence[tuple[int, int]], with_x: bool, normalised: bool = False
     ) -> Iterator[tuple[int, int, int, torch.Tensor | None, torch.Tensor]]:
-        """(lo, hi, look-ahead, inputs or None, close+contract window) per span of concatenation
-        rows, double-buffered through the reader thread. The inputs are the raw f32 input
+        """(lo, hi, look-back, inputs or None, price window) per span of concatenation rows,
+        double-buffered through the reader thread. The window holds the close (or mid) and
+        contract (and session) columns of rows ``[lo - look-back, hi + look-ahead)``. The inputs are the raw f32 input
         columns, or (``normalised``) the model inputs by ``normalise_values``, computed from the
         device buffer before it is released."""
         if not row_spans:
             return
         cuda = self._copy_stream is not None
         main = torch.cuda.current_stream(self._device) if cuda else None
-        fut: Future[tuple[int, int]] = self._reader.submit(self._fill, 0, *row_spans[0], with_x)
+        fut: Future[tuple[int, int, int]] = self._reader.submit(self._fill, 0, *row_spans[0], with_x)
         for i, (lo, hi) in enumerate(row_spans):
             slot = i % 2
             t0 = time.perf_counter()
-            m, look = fut.result()
+            m, look, back = fut.result()
             self.stream_stats.read_wait_seconds += time.perf_counter() - t0
             if i + 1 < len(row_spans):
                 fut = self._reader.submit(self._fill, (i + 1) % 2, *row_spans[i + 1], with_x)
@@ -452,21 +472,26 @@ class StreamedRows(FoldRows):
                 else:
                     g = vals.index_select(1, self._col_idx)
                     raw = g if g.dtype == torch.float32 else g.to(torch.float32)
-            px = dp[: m + look]
+            px = dp[: back + m + look]
             cols = [self._close_j] + [j for j in (self._seg_j, self._sess_j) if j is not None]
             win = px[:, cols].clone()  # off the device buffer before it is released
             if main is not None:
                 self._consumed[slot].record(main)  # type: ignore[union-attr]
             self.stream_stats.blocks += 1
             self.stream_stats.rows += m
-            yield lo, hi, look, raw, win
+            yield lo, hi, back, raw, win
         # the last block's reads are done (the next call's first fill reuses buffer 0)
 
-    def _labels(self, win: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(target, r1, close) of the block's ``m`` rows from its close (+ contract) window
-        (snapshot rows: from its mid, contract and session window)."""
+    def _labels(
+        self, win: torch.Tensor, m: int, back: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(target, r1, close) of the block's ``m`` rows from its price window (``back`` rows of
+        look-back first; bar rows read none): close + contract for bar rows, mid, contract and
+        session for snapshot rows."""
         if self.row_unit == "snapshot":
-            return self._snapshot_labels(win, m)
+            return self._snapshot_labels(win, m, back)
+        if back:
+            raise FxDataError(f"{self._where}: bar labels read no look-back rows (got {back})")
         close = win[:, 0]
         changes = None
         if win.shape[1] > 1:
@@ -478,35 +503,67 @@ class StreamedRows(FoldRows):
         target = blended if self.cfg.target == "blended" else r1
         return target[:m], r1[:m], close[:m]
 
-    def _snapshot_labels(self, win: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The resident path's snapshot labels of the block's ``m`` rows: the window holds the
-        look-ahead of the longest horizon, and the forms streamed read no row before ``n``."""
+    def _window_changes(
+        self, win: torch.Tensor, m: int, back: int, horizons: Sequence[int]
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """({h: label change of the block's ``m`` rows}, r1, mid) from a snapshot price window
+        whose first ``back`` rows are look-back: ``relative_change`` of the window's exact
+        half-ticks with breaks at its session / contract changes. The window holds every row the
+        resident labels of these rows read (the look-back and look-ahead, clipped to the fold),
+        so each value is the resident one bit for bit."""
+        assert self.price_tick is not None
         mid = win[:, 0].contiguous()
         if win.shape[1] > 1:
             br = breaks_of(*[win[:, j].contiguous() for j in range(1, win.shape[1])])
         else:
             br = torch.zeros(mid.shape[0], dtype=torch.int64, device=mid.device)
-        assert self.price_tick is not None
-        labs = snapshot_labels(mid, self.price_tick, mid.shape[0], self.cfg.snapshot_labels(), br)
-        main = next(h for h in labs if h.horizon == self.cfg.train_horizon)
-        self._last_change = main.change[:m]
-        r1 = relative_change(half_ticks(mid, self.price_tick), br, 1, "unsmoothed", 1)
-        return main.classes[:m], r1[:m], mid[:m]
+        u = half_ticks(mid, self.price_tick)
+        lab = self._lab
+        rows = slice(back, back + m)
+        ch = {h: relative_change(u, br, h, lab.form, lab.smooth)[rows] for h in horizons}
+        r1 = relative_change(u, br, 1, "unsmoothed", 1)[rows]
+        return ch, r1, mid[rows]
+
+    def _snapshot_labels(
+        self, win: torch.Tensor, m: int, back: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The resident path's snapshot labels of the block's ``m`` rows (classes of the training
+        horizon with the fold's fitted dead band)."""
+        h = self.cfg.train_horizon
+        ch, r1, mid = self._window_changes(win, m, back, (h,))
+        self._last_change = ch[h]
+        return classify(ch[h], self._alpha[h], self._lab.zero), r1, mid
+
+    def _fit_dead_band(self, share: float) -> dict[int, float]:
+        """Each horizon's dead band, fitted in one streaming pass over the training rows only
+        (prices, no inputs): the ``share`` quantile of |change| by
+        :class:`~fx_assets.core.snapshot_labels.AbsChangeQuantile`, exactly the resident
+        :func:`~fx_assets.core.snapshot_labels.fit_alpha`."""
+        t0 = time.perf_counter()
+        ts0, te = self.bounds[0], self.bounds[1]
+        fits = {h: AbsChangeQuantile(share) for h in self._lab.horizons}
+        spans = [(ts0 + a, ts0 + b) for a, b in self.grid("train", 0, te - ts0)]
+        for lo, hi, back, _, win in self._raw_blocks(spans, False):
+            ch, _, _ = self._window_changes(win, hi - lo, back, self._lab.horizons)
+            for h, c in ch.items():
+                fits[h].add(c)
+        self.stream_stats.prep_seconds += time.perf_counter() - t0
+        return {h: f.alpha() for h, f in fits.items()}
 
     def val_classes(self) -> dict[int, torch.Tensor]:
         """Snapshot rows: the label class of every configured horizon per validation row (one
-        more pass over the validation blocks, with their look-ahead), for evaluation."""
+        more pass over the validation blocks, with their look-back and look-ahead), for
+        evaluation; each horizon's dead band is the one fitted on the training rows."""
         if self.row_unit != "snapshot":
             raise FxDataError(f"{self._where}: val_classes is for snapshot rows")
-        assert self.price_tick is not None
         vs = self.bounds[2]
         spans = [(vs + a, vs + b) for a, b in self.grid("val", 0, self.n_val)]
-        out: dict[int, list[torch.Tensor]] = {h: [] for h in self.cfg.snapshot_horizons}
-        for lo, hi, _, _, win in self._raw_blocks(spans, False):
-            mid = win[:, 0].contiguous()
-            br = breaks_of(*[win[:, j].contiguous() for j in range(1, win.shape[1])])
-            for hl in snapshot_labels(mid, self.price_tick, mid.shape[0], self.cfg.snapshot_labels(), br):
-                out[hl.horizon].append(hl.classes[: hi - lo])
+        hs = self._lab.horizons
+        out: dict[int, list[torch.Tensor]] = {h: [] for h in hs}
+        for lo, hi, back, _, win in self._raw_blocks(spans, False):
+            ch, _, _ = self._window_changes(win, hi - lo, back, hs)
+            for h in hs:
+                out[h].append(classify(ch[h], self._alpha[h], self._lab.zero))
         return {h: torch.cat(v) for h, v in out.items()}
 
     def _offset(self, part: Part) -> int:
@@ -516,8 +573,8 @@ class StreamedRows(FoldRows):
         off = self._offset(part)
         ts = self._ts()
         row_spans = [(off + a, off + b) for a, b in spans]
-        for lo, hi, _, x, win in self._raw_blocks(row_spans, with_x, normalised=True):
-            y, r1, _ = self._labels(win, hi - lo)
+        for lo, hi, back, x, win in self._raw_blocks(row_spans, with_x, normalised=True):
+            y, r1, _ = self._labels(win, hi - lo, back)
             sess = calendar.session_day(ts[lo:hi]).astype(np.int32)
             yield RowBlock(part, lo - off, x, y, r1, sess)
 
@@ -540,21 +597,22 @@ class StreamedRows(FoldRows):
         spans = [(ts0 + a, ts0 + b) for a, b in self.grid("train", 0, te - ts0)]
         spans += [(vs + a, vs + b) for a, b in self.grid("val", 0, ve - vs)]
         first_bad: tuple[int, int] | None = None
-        for lo, hi, _, raw, win in self._raw_blocks(spans, True):
+        for lo, hi, back, raw, win in self._raw_blocks(spans, True):
             assert raw is not None
             train = hi <= te
             if train:
                 mom.add(raw)
-            y, r1, close = self._labels(win, hi - lo)
+            y, r1, close = self._labels(win, hi - lo, back)
             bad_in = ~torch.isfinite(raw)
             bad_close = ~(torch.isfinite(close) & (close > 0))
             if train:
                 bad[2] += (~torch.isfinite(y)).sum()
                 bad[3] += (~torch.isfinite(r1)).sum()
                 if self.row_unit == "snapshot":
-                    ch = self._last_change
+                    ch = self._last_change  # stationary: inside the dead band (resident shares)
+                    a = self._alpha[self.cfg.train_horizon]
                     self._zero_counts[0] += int(torch.isfinite(ch).sum())
-                    self._zero_counts[1] += int((ch == 0).sum())
+                    self._zero_counts[1] += int(((ch <= a) & (ch >= -a)).sum())
             n_in, n_close = torch.stack([bad_in.sum(), bad_close.sum()]).tolist()  # one sync a block
             if n_close:  # closes first, as the resident path reports them
                 j = int(torch.nonzero(bad_close)[0, 0])
@@ -574,6 +632,8 @@ class StreamedRows(FoldRows):
                 f"{self._where}: {max(undefined, n_r1)} training labels undefined (purge/prices)"
             )
         self._undefined = int(max(undefined, n_r1))
+        if self.row_unit == "snapshot":  # as the resident extra: undefined changes, not excluded classes
+            self._undefined = (te - ts0) - self._zero_counts[0]
         if mom.n != te - ts0:
             raise FxDataError(f"{self._where}: statistics pass saw {mom.n} of {te - ts0} training rows")
         mean = mom.mean

@@ -231,7 +231,7 @@ class FoldSignal:
 
 def trained_predictions(path: Path | str, val_ts: npt.ArrayLike, trainer: str) -> F64:
     """P(up) per validation row of a trained model, from its ``val_predictions.npz`` (``ts``,
-    ``score``), checked to be row for row the report's validation rows ``val_ts`` (module
+    ``score``; a three-class MLP's score is ``(1 + P(up) - P(down)) / 2``, read as it is), checked to be row for row the report's validation rows ``val_ts`` (module
     docstring)."""
     with np.load(Path(path)) as z:
         if "score" not in z.files:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -194,6 +195,97 @@ def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
     return float(torch.quantile(a, share))  # ties at 0 (zero moves) floor the band at 0
 
 
+class AbsChangeQuantile:
+    """The dead band of :func:`fit_alpha` fitted in one streaming pass: the training rows' label
+    changes arrive block by block (:meth:`add`), :meth:`alpha` is then the same number, exactly.
+
+    Exact, not a sketch: every finite |change| is kept on the host as distinct values with their
+    counts (a block's values merged by ``np.unique``; mids on the half-tick grid repeat the same
+    few ratios, so the distinct values are far fewer than the rows), and :meth:`alpha` reads the
+    two order statistics around rank ``share * (n - 1)`` from the cumulative counts and
+    interpolates them as ``torch.quantile`` does (linear; its ``lerp``: ``a + w (b - a)`` for
+    ``w < 0.5``, else ``b - (b - a)(1 - w)``, each a fused multiply-add, rounded once), so the
+    result is that of :func:`fit_alpha` over all the values at once (tested bit for bit against
+    torch.quantile on the CPU; the same rule matched it on CUDA, torch 2.11 on an H200, 3000
+    random cases). Host memory: 16 bytes per distinct value and horizon; the unsmoothed and fi
+    ratios repeat heavily, the smoothed forms (ratios of window sums) can be nearly all
+    distinct, at worst 16 bytes per training row and horizon. Unlike ``torch.quantile`` it has no input-size limit (2**24 values).
+    """
+
+    COMPACT_AT = 1 << 22  # pending distinct values merged into the table beyond this many
+
+    def __init__(self, share: float) -> None:
+        if not 0.0 < share < 1.0:
+            raise FxDataError(f"dead band share must lie in (0, 1), got {share!r}")
+        self.share = float(share)
+        self._vals = np.empty(0, dtype=np.float64)
+        self._counts = np.empty(0, dtype=np.int64)
+        self._pending: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]] = []
+        self._n_pending = 0
+
+    def add(self, change: torch.Tensor | npt.ArrayLike) -> None:
+        """Add a block of label changes (NaN where undefined: skipped)."""
+        c = change.detach().cpu().numpy() if hasattr(change, "detach") else np.asarray(change)
+        a = np.abs(np.asarray(c, dtype=np.float64))
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            return
+        v, k = np.unique(a, return_counts=True)
+        self._pending.append((v, k.astype(np.int64)))
+        self._n_pending += v.size
+        if self._n_pending > self.COMPACT_AT:
+            self._compact()
+
+    def _compact(self) -> None:
+        if not self._pending:
+            return
+        v = np.concatenate([self._vals, *(p[0] for p in self._pending)])
+        k = np.concatenate([self._counts, *(p[1] for p in self._pending)])
+        u, inv = np.unique(v, return_inverse=True)
+        # float64 sums of int64 counts: exact below 2**53 rows
+        self._vals, self._counts = u, np.bincount(inv.ravel(), weights=k, minlength=u.size).astype(np.int64)
+        self._pending, self._n_pending = [], 0
+
+    @property
+    def n(self) -> int:
+        """Finite values added."""
+        self._compact()
+        return int(self._counts.sum())
+
+    def alpha(self) -> float:
+        """The ``share`` quantile of every |change| added (torch.quantile's linear rule)."""
+        self._compact()
+        n = int(self._counts.sum())
+        if n == 0:
+            raise FxDataError("no defined training label to fit the dead band on")
+        rank = np.float64(self.share) * np.float64(n - 1)
+        lo_r, hi_r = int(np.floor(rank)), int(np.ceil(rank))
+        w = rank - np.float64(lo_r)
+        cum = np.cumsum(self._counts)  # value j covers sorted ranks [cum[j] - count[j], cum[j])
+        a = self._vals[int(np.searchsorted(cum, lo_r, side="right"))]
+        b = self._vals[int(np.searchsorted(cum, hi_r, side="right"))]
+        d = b - a
+        return _fma(w, d, a) if w < 0.5 else _fma(-(np.float64(1.0) - w), d, b)
+
+
+def _fma(x: float | np.floating, y: float | np.floating, z: float | np.floating) -> float:
+    """``x * y + z`` rounded once (a fused multiply-add, as torch's vectorised CPU ``lerp``
+    computes it; Python 3.11 has no ``math.fma``): exact rational arithmetic, then one rounding."""
+    return float(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+
+
+def classify(change: torch.Tensor, alpha: float, zero: Literal["exclude", "three_class"]) -> torch.Tensor:
+    """Classes of label changes with the dead band ``alpha``: +1 / -1 / 0 (stationary, NaN when
+    ``zero == "exclude"``), NaN where the change is undefined."""
+    import torch
+
+    cls = torch.where(change > alpha, 1.0, torch.where(change < -alpha, -1.0, 0.0)).to(torch.float64)
+    cls = torch.where(torch.isfinite(change), cls, torch.nan)
+    if zero == "exclude":
+        cls = torch.where(cls == 0.0, torch.nan, cls)
+    return cls
+
+
 def snapshot_labels(
     mid: torch.Tensor,
     tick: float,
@@ -237,9 +329,7 @@ def labels_of_ticks(
     for h in cfg.horizons:
         ch = relative_change(u, breaks, h, cfg.form, cfg.smooth)
         alpha = fit_alpha(ch[:n_train], cfg.stationary_share)
-        # +1 above the band, -1 below, 0 inside; NaN compares false, then becomes NaN again
-        cls = (ch > alpha).to(torch.float64) - (ch < -alpha).to(torch.float64)
-        cls = cls.masked_fill_(~torch.isfinite(ch), nan)
+        cls = classify(ch, alpha, "three_class")  # the stationary rows are counted first
         tr = cls[:n_train]
         counts.append(
             torch.stack([torch.isfinite(tr).sum(), (tr == 1.0).sum(), (tr == -1.0).sum(), (tr == 0.0).sum()])

@@ -9,8 +9,11 @@ import torch
 
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.snapshot_labels import (
+    AbsChangeQuantile,
     SnapshotLabelConfig,
     back_rows,
+    classify,
+    fit_alpha,
     half_ticks,
     horizon_clock_ns,
     label_reach,
@@ -194,3 +197,38 @@ def test_fused_kernel_equals_the_torch_definition_bitwise(form: str, zero: str) 
         fused_snapshot_labels(u.cuda(), brk.cuda(), n_tr, cfg.model_copy(update={"stationary_share": 0.3}))
         is None
     )
+
+
+def test_streamed_dead_band_is_fit_alpha_bit_for_bit() -> None:
+    """The dead band fitted block by block (distinct values with counts, merged at any point)
+    is torch.quantile's over all the values at once, bit for bit: with ties (zero moves), NaN
+    rows, blocks of any size and shares whose rank falls on either side of the half."""
+    rng = np.random.default_rng(3)
+    for t in range(300):
+        n = int(rng.integers(1, 2000))
+        x = [
+            rng.standard_normal(n) * 1e-4,
+            rng.integers(-3, 4, n) / rng.integers(19_000, 21_000, n),  # half-tick ratios: many ties
+            np.where(rng.random(n) < 0.7, 0.0, rng.standard_normal(n)),
+        ][t % 3]
+        x[rng.random(n) < 0.05] = np.nan
+        if not np.isfinite(x).any():
+            continue
+        share = float(rng.choice([0.1, 0.3, 0.5, 0.7, 0.9])) if t % 2 else float(rng.uniform(0.01, 0.99))
+        fit = AbsChangeQuantile(share)
+        fit.COMPACT_AT = int(rng.integers(1, 50))  # merge often
+        for block in np.split(x, np.sort(rng.integers(0, n, int(rng.integers(0, 6))))):
+            fit.add(torch.from_numpy(block))
+        assert fit.n == int(np.isfinite(x).sum())
+        assert fit.alpha() == fit_alpha(torch.from_numpy(x), share), (t, n, share)
+    with pytest.raises(FxDataError, match="no defined training label"):
+        AbsChangeQuantile(0.5).alpha()
+
+
+def test_classify_is_the_classes_of_snapshot_labels() -> None:
+    p = _mids(3000, seed=4)
+    for zero in ("exclude", "three_class"):
+        cfg = SnapshotLabelConfig(horizons=[10, 50], stationary_share=0.4, zero=zero)  # type: ignore[arg-type]
+        for hl in snapshot_labels(torch.from_numpy(p), TICK, 2000, cfg):
+            got = classify(hl.change, hl.alpha, cfg.zero)
+            assert torch.equal(got.nan_to_num(7.0), hl.classes.nan_to_num(7.0))

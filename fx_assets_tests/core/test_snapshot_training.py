@@ -167,13 +167,29 @@ def _snapshot_files(tmp_path: Path, signal: float, n: int, seed: int = 0) -> tup
 
 
 @pytest.mark.parametrize("block_rows", [37, 1000])
-def test_streamed_snapshot_fold_equals_the_resident_one(tmp_path: Path, block_rows: int) -> None:
-    """Blocks shorter than the 201-row reach: every block's last labels need the next blocks'
-    mids (the look-ahead), and they equal the resident labels bit for bit, as do the inputs."""
+@pytest.mark.parametrize(
+    "form,share,zero",
+    [
+        ("unsmoothed", None, "exclude"),
+        ("fi", 0.4, "three_class"),
+        ("deeplob", None, "three_class"),
+        ("deeplob", 0.3, "exclude"),
+        ("tlob", None, "exclude"),
+        ("tlob", 0.6, "three_class"),
+    ],
+)
+def test_streamed_snapshot_fold_equals_the_resident_one(
+    tmp_path: Path, block_rows: int, form: str, share: float | None, zero: str
+) -> None:
+    """Every label form, with and without a fitted dead band: blocks shorter than the 201-row
+    reach (and than deeplob's 200-row look-back) cut through the session breaks and the
+    contract roll, so a block's labels need the rows of the blocks before and after it (the
+    halo); they equal the resident labels bit for bit, as do the inputs, every horizon's
+    validation classes, the dead bands and the zero-move share."""
     from fx_assets.core.fold_stream import StreamedRows
     from fx_assets.core.trainers.rows import ResidentRows
 
-    cfg = _cfg()
+    cfg = _cfg(snapshot_form=form, snapshot_stationary_share=share, snapshot_zero=zero, snapshot_smooth=7)
     paths, view = _snapshot_files(tmp_path, 1.0, 6000)
     fr = _range(view, cfg)
     ref = fold_transition(view, fr, cfg)
@@ -185,10 +201,19 @@ def test_streamed_snapshot_fold_equals_the_resident_one(tmp_path: Path, block_ro
             a = torch.cat([getattr(b, name) for b in sr.block_list(part, 0, n)])
             b_ = torch.cat([getattr(b, name) for b in res.block_list(part, 0, n)])
             assert torch.equal(a.nan_to_num(7.0), b_.nan_to_num(7.0)), (part, name)
+    y = torch.cat([ref.y_train, ref.y_val])
+    assert bool(torch.isfinite(y).any()) and bool(torch.isnan(y).any())  # labels and breaks both seen
+    if zero == "three_class":
+        assert bool((ref.y_train == 0).any())
     assert sr.extra["zero_move_share"] == ref.extra["zero_move_share"]
+    assert sr.extra["train_labels_undefined"] == ref.extra["train_labels_undefined"] > 0
+    assert sr.extra["alpha"] == ref.extra["alpha"] and sr.extra["horizon_alpha"] == ref.extra["horizon_alpha"]
+    assert (share is None) == (ref.extra["alpha"] == 0.0)
+    n_val = fr.val_end - fr.val_start
+    got = sr.val_classes()
+    for h, cls in ref.extra["classes"].items():
+        assert torch.equal(got[h].nan_to_num(7.0), cls[-n_val:].nan_to_num(7.0)), h
     sr.close()
-    with pytest.raises(FxDataError, match="forward-only label forms"):
-        StreamedRows(paths, fr, _cfg(snapshot_form="tlob"), block_rows=100, device="cpu", price_tick=TICK)
 
 
 def test_mlp_and_dqn_train_on_a_streamed_snapshot_fold(tmp_path: Path) -> None:
@@ -208,3 +233,70 @@ def test_mlp_and_dqn_train_on_a_streamed_snapshot_fold(tmp_path: Path) -> None:
     d = train_dqn(sr, dcfg, tmp_path / "dqn", ["S0", "S1"])
     assert d.val_positions.shape[0] == fr.val_end - fr.val_start
     sr.close()
+
+
+def test_three_class_mlp_fits_up_stationary_down(tmp_path: Path) -> None:
+    """``snapshot_zero='three_class'``: a 3-way softmax fitted on every defined class (the
+    stationary rows included); its score (1 + P(up) − P(down)) / 2 finds the planted signal
+    (AUC of up against down), its P(stationary) tracks the stationary share, and the checkpoint
+    rebuilds the same model."""
+    from fx_assets.core.trainers.common import load_state
+    from fx_assets.core.trainers.mlp import build_mlp, predict_classes, predict_proba, three_class_score
+
+    cfg = _cfg(epochs=3, snapshot_zero="three_class", snapshot_stationary_share=0.4)
+    assert cfg.three_class and not _cfg().three_class
+    view = _slice(1.0, n=40_000, seed=5)
+    fd = fold_transition(view, _range(view, cfg), cfg)
+    assert bool((fd.y_train == 0).any())
+    res = train_mlp(fd, cfg, tmp_path / "m3", ["S"])
+    assert res.val_proba is not None and res.val_scores is not None
+    pr = res.val_proba
+    assert pr.shape == (fd.x_val.shape[0], 3)
+    np.testing.assert_allclose(pr.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(res.val_scores, three_class_score(torch.from_numpy(pr)).numpy())
+    assert res.metrics["auc"] > 0.6 and res.metrics["auc_null_z"] > 5, res.metrics
+    y = fd.y_val.numpy()
+    share0 = float((y[np.isfinite(y)] == 0).mean())
+    assert 0.2 < share0 < 0.7 and abs(float(pr[:, 1].mean()) - share0) < 0.1, (share0, pr[:, 1].mean())
+    import json
+
+    side = json.loads(res.sidecar_path.read_text())
+    assert side["architecture"]["out_dim"] == 3 and side["architecture"]["classes"] == [
+        "up",
+        "stationary",
+        "down",
+    ]
+    model = build_mlp(side["architecture"])
+    model.load_state_dict(load_state(res.best_path))
+    np.testing.assert_array_equal(predict_classes(model, fd.x_val).double().numpy(), pr)
+    np.testing.assert_array_equal(predict_proba(model, fd.x_val).numpy(), res.val_scores)
+    # the binary MLP on the same fold is untouched: one output, no probabilities
+    b = train_mlp(fd, cfg.model_copy(update={"snapshot_zero": "exclude"}), tmp_path / "m2", ["S"])
+    assert b.val_proba is None and "out_dim" not in json.loads(b.sidecar_path.read_text())["architecture"]
+
+
+def test_dqn_refuses_three_class() -> None:
+    with pytest.raises(ValueError, match="snapshot_zero='three_class' is for the MLP"):
+        _cfg(trainer="dqn", snapshot_zero="three_class")
+
+
+def test_three_class_mlp_trains_the_same_streamed_and_resident(tmp_path: Path) -> None:
+    """Equal blocks give the same three-class training bit for bit, resident or streamed (with a
+    smoothed form and a fitted dead band, which stream since the halo and the streamed fit)."""
+    from fx_assets.core.fold_stream import StreamedRows
+    from fx_assets.core.trainers.rows import ResidentRows
+
+    cfg = _cfg(
+        epochs=2, block_rows=1500, snapshot_zero="three_class", snapshot_form="tlob",
+        snapshot_stationary_share=0.3, deterministic=True,
+    )  # fmt: skip
+    paths, view = _snapshot_files(tmp_path, 1.0, 8000, seed=5)
+    fr = _range(view, cfg)
+    fd = fold_transition(view, fr, cfg)
+    a = train_mlp(ResidentRows(fd, 1500), cfg, tmp_path / "r", ["S0", "S1"])
+    sr = StreamedRows(paths, fr, cfg, block_rows=1500, device="cpu", price_tick=TICK, stats=(fd.mean, fd.std))
+    b = train_mlp(sr, cfg, tmp_path / "s", ["S0", "S1"])
+    sr.close()
+    assert a.val_proba is not None and b.val_proba is not None
+    np.testing.assert_array_equal(a.val_proba, b.val_proba)
+    np.testing.assert_array_equal(a.val_scores, b.val_scores)

@@ -152,7 +152,9 @@ class TrainParams(ConfigModel):
     snapshot_zero: Literal["exclude", "three_class"] = Field(
         "exclude",
         description="Snapshot rows: stationary moves left out of loss and AUC (share reported), or a "
-        "third class (the binary trainers still fit up vs down; the class is kept for evaluation).",
+        "third class: the MLP then fits a 3-way softmax (up, stationary, down) by cross-entropy and "
+        "scores (1 + P(up) - P(down)) / 2, its AUC taken over the up and down rows; the DQN refuses "
+        "it (it learns from the 1-row mid change, not from label classes).",
     )
 
     @model_validator(mode="after")
@@ -161,6 +163,13 @@ class TrainParams(ConfigModel):
             raise ValueError(f"horizons must be positive and include 1, got {self.horizons}")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be positive, got {self.hidden}")
+        if self.trainer == "dqn" and self.snapshot_zero == "three_class":
+            # the DQN's reward is the 1-row mid change and the label classes only score it, so a
+            # third class would change nothing it learns: refused rather than silently ignored
+            raise ValueError(
+                "snapshot_zero='three_class' is for the MLP trainer: the DQN learns from the 1-row mid "
+                "change (its reward), not from label classes; use snapshot_zero='exclude' with the DQN"
+            )
         lab = self.snapshot_labels()  # validates the snapshot horizons
         if self.train_horizon not in lab.horizons:
             raise ValueError(
@@ -196,6 +205,12 @@ class TrainConfig(TrainParams):
         if self.row_unit == "snapshot":
             return label_reach(self.snapshot_labels())
         return labels.max_horizon(self.horizons, self.entry_lag)
+
+    @property
+    def three_class(self) -> bool:
+        """Whether the MLP fits three classes (up, stationary, down): snapshot rows with
+        ``snapshot_zero='three_class'``."""
+        return self.row_unit == "snapshot" and self.snapshot_zero == "three_class"
 
     def metric_name(self) -> str:
         if self.val_metric != "auto":
@@ -487,6 +502,8 @@ class TrainResult:
     best_epoch: int
     history: list[dict[str, float]]
     val_scores: npt.NDArray[np.float64] | None = None  # the best epoch's score per validation row
+    # a three-class MLP's best-epoch probabilities [n_val, 3]: up, stationary, down
+    val_proba: npt.NDArray[np.float64] | None = None
 
 
 def state_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -536,6 +553,7 @@ def finish_training(
         best_epoch=best_epoch,
         history=history,
         val_scores=np.asarray(best_out[4], dtype=np.float64) if len(best_out) > 4 else None,
+        val_proba=np.asarray(best_out[5], dtype=np.float64) if len(best_out) > 5 else None,
     )
 
 

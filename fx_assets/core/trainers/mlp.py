@@ -1,7 +1,13 @@
 """Supervised baseline: an MLP on the fold's normalised inputs predicting the sign of the target.
 
 Owns the MLP trainer and its trading rule. Loss: BCE on ``1{y > 0}`` over training rows with
-``y != 0`` (zero returns carry no sign). The trading rule turns the score ``s = p − 0.5`` into
+``y != 0`` (zero returns carry no sign). Snapshot rows with ``snapshot_zero='three_class'``
+(:attr:`TrainConfig.three_class`): a 3-way softmax over (up, stationary, down) fitted by
+cross-entropy on every training row with a defined class (+1 / 0 / -1, the stationary rows
+included); its score is ``p = (1 + P(up) − P(down)) / 2`` (in [0, 1], 0.5 when up and down are
+equally likely), so everything below (band, AUC against the sign of the move, null, the report's
+``val_predictions.npz`` ``score``) reads it as it reads the binary P(up), and the three
+probabilities are handed back beside it (``TrainResult.val_proba``). The trading rule turns the score ``s = p − 0.5`` into
 positions with a no-trade band (hysteresis): enter long above ``+enter``, short below
 ``−enter``, go flat when the score falls back through ``±exit`` (``exit ≤ enter``). With
 ``trade_band='inner'`` the band is chosen *after costs* on the inner purged block of the
@@ -53,16 +59,46 @@ from fx_assets.core.trainers.rows import FoldRows, Part, as_rows, block_order
 _EVAL_CHUNK = 1 << 16
 
 
+#: the outputs of a three-class MLP, in order (class index = 1 - label)
+THREE_CLASSES = ("up", "stationary", "down")
+
+
 def build_mlp(arch: dict[str, Any]) -> torch.nn.Sequential:
     """Rebuild the network described by a sidecar's ``architecture`` entry."""
     if arch.get("kind") != "mlp":
         raise FxDataError(f"architecture {arch.get('kind')!r} is not an MLP")
-    return mlp_layers(int(arch["in_dim"]), tuple(arch["hidden"]), 1, float(arch["dropout"]))
+    out_dim = int(arch.get("out_dim", 1))  # 3: the (up, stationary, down) softmax
+    return mlp_layers(int(arch["in_dim"]), tuple(arch["hidden"]), out_dim, float(arch["dropout"]))
+
+
+def three_class_score(proba: torch.Tensor) -> torch.Tensor:
+    """The score of a three-class model from its probabilities ``[n, 3]`` (up, stationary,
+    down): ``(1 + P(up) − P(down)) / 2``, monotone in ``P(up) − P(down)`` and 0.5 where up and
+    down are equally likely, so it reads like the binary P(up)."""
+    return 0.5 * (1.0 + proba[:, 0] - proba[:, 2])
+
+
+@torch.no_grad()
+def predict_classes(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A three-class model's probabilities ``[n, 3]`` (up, stationary, down) for each row of
+    normalised inputs ``x`` (chunked, eval mode)."""
+    was = model.training
+    model.eval()
+    out = torch.cat(
+        [torch.softmax(model(x[i : i + _EVAL_CHUNK]), dim=1) for i in range(0, x.shape[0], _EVAL_CHUNK)]
+    )
+    model.train(was)
+    if out.shape[1] != 3:
+        raise FxDataError(f"predict_classes: the model has {out.shape[1]} outputs, not 3")
+    return out
 
 
 @torch.no_grad()
 def predict_proba(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """P(y > 0) for each row of normalised inputs ``x`` (chunked, eval mode)."""
+    """The score of each row of normalised inputs ``x`` (chunked, eval mode): P(y > 0) of a
+    binary model, :func:`three_class_score` of a three-class one."""
+    if _out_dim(model) == 3:
+        return three_class_score(predict_classes(model, x).double())
     was = model.training
     model.eval()
     out = torch.cat(
@@ -70,6 +106,11 @@ def predict_proba(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     )
     model.train(was)
     return out
+
+
+def _out_dim(model: torch.nn.Module) -> int:
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    return int(last.out_features)
 
 
 def positions_from_proba(p: npt.NDArray[np.float64], threshold: float) -> npt.NDArray[np.int8]:
@@ -176,6 +217,12 @@ def _predict_blocks(model: torch.nn.Module, rows: FoldRows, part: Part, lo: int,
     return np.concatenate(out) if out else np.empty(0)
 
 
+def _predict_class_blocks(model: torch.nn.Module, rows: FoldRows, part: Part, lo: int, hi: int) -> np.ndarray:
+    """A three-class model's probabilities ``[n, 3]`` of rows ``[lo, hi)`` of ``part`` (host, f64)."""
+    out = [predict_classes(model, b.x).double().cpu().numpy() for b in rows.block_list(part, lo, hi)]  # type: ignore[arg-type]
+    return np.concatenate(out) if out else np.empty((0, 3))
+
+
 def train_mlp(
     fold: FoldData | FoldRows, cfg: TrainConfig, out_dir: Path | str, input_keys: Sequence[str]
 ) -> TrainResult:
@@ -184,15 +231,18 @@ def train_mlp(
     The fold's fitted rows come as blocks (:mod:`~fx_assets.core.trainers.rows`): each epoch
     visits them in a seeded order and, in each block, its rows with a finite non-zero target in
     a random order (the batch generator's permutation). A resident fold with ``block_rows=None``
-    is one block, used in place.
+    is one block, used in place. With ``cfg.three_class`` the rows with a defined class (+1 / 0
+    / -1) are fitted by a 3-way softmax (module docstring).
     """
     rows = as_rows(fold, cfg.block_rows)
     dev = rows.device
     metric = cfg.metric_name()
     graphed = use_cuda_graph(dev)
     f = rows.n_features
+    three = cfg.three_class
+    n_out = 3 if three else 1
     with seeded(cfg.seed, cfg.deterministic):
-        model = mlp_layers(f, cfg.hidden, 1, cfg.dropout).to(dev)
+        model = mlp_layers(f, cfg.hidden, n_out, cfg.dropout).to(dev)
         opt = make_optimizer(model, cfg, capturable=graphed)
         gen = make_generator(dev, cfg.seed + 1_000_003)
         fit_end, inner_start = selection_split(rows, cfg)
@@ -202,7 +252,16 @@ def train_mlp(
         inner = rows.host_labels("train", inner_start, n_tr)
         band_start = n_tr - max(1, int(n_tr * cfg.inner_frac))
         band_tail = rows.host_labels("train", band_start, n_tr)
-        lossf = torch.nn.BCEWithLogitsLoss()
+        # binary: BCE on 1{y > 0}; three classes: cross-entropy on the class index 1 - y
+        # (up 0, stationary 1, down 2)
+        lossf: torch.nn.Module = torch.nn.CrossEntropyLoss() if three else torch.nn.BCEWithLogitsLoss()
+        z_dtype = torch.long if three else torch.float32
+
+        def targets(y: torch.Tensor) -> torch.Tensor:
+            if three:  # undefined rows are never drawn; 1 keeps the cast defined
+                return torch.where(torch.isfinite(y), 1.0 - y, 1.0).to(torch.long)
+            return (y > 0).to(torch.float32)
+
         # The step over full batches is a fixed op sequence on persistent tensors (the batch is
         # row ``s`` of the block's permutation, ``s`` a device counter), so on CUDA it is
         # captured once as a CUDA graph and replayed; a block's last partial batch runs eagerly.
@@ -213,7 +272,7 @@ def train_mlp(
         in_place = rows.stable and len(spans) == 1
         work = {
             "x": None if in_place else torch.empty((cap, f), dtype=torch.float32, device=dev),
-            "z": None if in_place else torch.empty(cap, dtype=torch.float32, device=dev),
+            "z": None if in_place else torch.empty(cap, dtype=z_dtype, device=dev),
         }
         cap_full = cap // bs
         perm_buf = torch.empty(cap, dtype=torch.long, device=dev)
@@ -222,7 +281,8 @@ def train_mlp(
         params = list(model.parameters())
 
         def learn(b: torch.Tensor) -> None:
-            loss = lossf(model(work["x"][b]).squeeze(1), work["z"][b])  # type: ignore[index]
+            out = model(work["x"][b])  # type: ignore[index]
+            loss = lossf(out if three else out.squeeze(1), work["z"][b])  # type: ignore[index]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -247,17 +307,18 @@ def train_mlp(
                 if budget is not None and steps_done >= budget:
                     break
                 y = blk.y
-                idx = torch.nonzero(torch.isfinite(y) & (y != 0)).squeeze(1)
+                fit = torch.isfinite(y) if three else torch.isfinite(y) & (y != 0)
+                idx = torch.nonzero(fit).squeeze(1)
                 n = int(idx.numel())
                 n_labelled += n
                 if n == 0:
                     continue
                 if in_place:
                     if work["x"] is None:
-                        work["x"], work["z"] = blk.x, (y > 0).to(torch.float32)
+                        work["x"], work["z"] = blk.x, targets(y)
                 else:
                     work["x"][: blk.n].copy_(blk.x)  # type: ignore[index,arg-type]
-                    work["z"][: blk.n].copy_(y > 0)  # type: ignore[index]
+                    work["z"][: blk.n].copy_(targets(y))  # type: ignore[index]
                 perm_buf[:n].copy_(idx[torch.randperm(n, generator=gen, device=dev)])
                 batch_no.zero_()
                 steps = math.ceil(n / bs)
@@ -269,10 +330,15 @@ def train_mlp(
                     learn(perm_buf[full * bs : n])
                 steps_done += steps
             if epoch == 0 and n_labelled == 0:
-                raise FxDataError(f"fold {rows.keys}: no training rows with a non-zero label")
+                what = "a defined label class" if three else "a non-zero label"
+                raise FxDataError(f"fold {rows.keys}: no training rows with {what}")
             train_loss = float(loss_sum) / max(1, steps_done)  # the epoch's one sync
             t_train = time.perf_counter() - t0
-            p = _predict_blocks(model, rows, "val", 0, rows.n_val)
+            if three:  # the score from the probabilities, which are kept beside it
+                proba = _predict_class_blocks(model, rows, "val", 0, rows.n_val)
+                p = three_class_score(torch.from_numpy(proba)).numpy()
+            else:
+                p = _predict_blocks(model, rows, "val", 0, rows.n_val)
             if cfg.early_stopping == "inner":
                 pin = _predict_blocks(model, rows, "train", inner_start, n_tr)
                 band = choose_band(pin, inner, cfg)  # after costs, on the inner block only
@@ -290,13 +356,16 @@ def train_mlp(
                 epoch_seconds=time.perf_counter() - t0,
             )
             history.append(m)
-            if stopper.update(epoch, sel, model, (m, pos, ret, eq, p)):
+            evaluation = (m, pos, ret, eq, p, proba) if three else (m, pos, ret, eq, p)
+            if stopper.update(epoch, sel, model, evaluation):
                 break
         best_epoch, best_state, best_out = stopper.finish()
         best_out[0].update(leak_detector(best_out[4], host["y"], host["r1"], cfg))
         last_state = state_to_cpu(model)
 
-    arch = {"kind": "mlp", "in_dim": f, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
+    arch: dict[str, Any] = {"kind": "mlp", "in_dim": f, "hidden": list(cfg.hidden), "dropout": cfg.dropout}
+    if three:  # (a binary model's entry stays as it was: out_dim 1 by default)
+        arch.update(out_dim=3, classes=list(THREE_CLASSES), score="(1 + P(up) - P(down)) / 2")
     side = sidecar_base(rows, cfg, input_keys, arch)
     side.update(
         metrics=best_out[0],
