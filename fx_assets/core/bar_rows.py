@@ -22,6 +22,7 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -321,6 +322,14 @@ def quarter_ofi(
 
     has_snap = _has_valid_snapshot(sources, ts_close, before_first)
 
+    # Chunks run ``workers`` at a time, each on one thread (its kernels are nogil): every step
+    # of a chunk (book gather, input checks, cumulative trade volumes, both passes, deltas)
+    # then runs in parallel, where threads inside one chunk left its serial steps on one core.
+    # ``book_chunk`` bounds the events of all chunks in flight, so each holds 1/workers of it
+    # and peak memory stays that of one ``book_chunk`` chunk.
+    workers = max(1, int(config.workers))
+    per_chunk = max(1, book_chunk // workers)
+
     # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
     # differences are used, so the previous quarter's events before the warm-up cancel out.
     cum = np.zeros(n_all, dtype=np.int64)
@@ -332,14 +341,14 @@ def quarter_ofi(
     while bounds[-1] < n_all:
         start = bounds[-1]
         base = int(cum[start - 1]) if start > 0 else 0
-        nxt = int(np.searchsorted(cum, base + book_chunk, side="right"))
+        nxt = int(np.searchsorted(cum, base + per_chunk, side="right"))
         bounds.append(min(max(nxt, start + 1), n_all))
     del cum
 
-    outs: list[ofi_core.OfiFeatures] = []
-    buffers = _BookBuffers()
     tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
     releasers = [PageReleaser(list(c.values())) for _, c in sources]
+    # Each chunk's plan: its bars [b0, b1), replay start w0, time window and record ranges.
+    plans = []
     for b0, b1 in itertools.pairwise(bounds):
         w0 = (
             0
@@ -349,27 +358,53 @@ def quarter_ofi(
         t_start = close_before(w0)
         lo_t = t_start if t_start is not None else int(np.iinfo(np.int64).min)
         hi_t = int(ts_close[b1 - 1])
-        parts = []
-        for (src, c), rel in zip(sources, releasers, strict=True):
-            lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
-            hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
-            parts.append((src, c, lo, hi))
-            rel.release_before(lo)  # later chunks start at or after this window
-        book_arr = _book_rows(parts, levels, tick_units, buffers, tables)
-        outs.append(
-            ofi_core.compute_ofi_features(
-                book_arr,
-                _trade_slices(trade_sources, lo_t, hi_t),
-                ts_close[w0:b1],
-                inst[w0:b1],
-                config,
-                tick_size=tick,
-                n_warmup=b0 - w0,
-                ts_window_start=t_start,
-                partition=partition,
+        spans = [
+            (
+                int(np.searchsorted(c["ts_recv"], lo_t, side="right")),
+                int(np.searchsorted(c["ts_recv"], hi_t, side="right")),
             )
+            for _, c in sources
+        ]
+        plans.append((b0, b1, w0, t_start, lo_t, hi_t, spans))
+    # First record any chunk from k on reads, per source: pages before it can be released.
+    first_rec = [[lo for lo, _ in p[6]] for p in plans]
+    for k in range(len(plans) - 2, -1, -1):
+        first_rec[k] = [min(a, b) for a, b in zip(first_rec[k], first_rec[k + 1], strict=True)]
+    buffers = threading.local()  # one _BookBuffers per thread, reused by its chunks
+
+    def run_chunk(k: int) -> ofi_core.OfiFeatures:
+        b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
+        if not hasattr(buffers, "book"):
+            buffers.book = _BookBuffers()
+        parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
+        book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
+        return ofi_core.compute_ofi_features(
+            book_arr,
+            _trade_slices(trade_sources, lo_t, hi_t),
+            ts_close[w0:b1],
+            inst[w0:b1],
+            config,
+            tick_size=tick,
+            n_warmup=b0 - w0,
+            ts_window_start=t_start,
+            partition=partition,
+            workers=1 if workers > 1 else None,
         )
-        del book_arr
+
+    outs: list[ofi_core.OfiFeatures] = []
+    n_threads = min(workers, len(plans))
+    pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+    try:
+        # Results are taken in chunk order, so the first failing chunk's error is the one raised.
+        chunks = range(len(plans))
+        for k, res in enumerate(map(run_chunk, chunks) if pool is None else pool.map(run_chunk, chunks)):
+            outs.append(res)
+            if k + 1 < len(plans):  # chunks up to k are done: no later one reads before these
+                for rel, lo in zip(releasers, first_rec[k + 1], strict=True):
+                    rel.release_before(lo)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)  # after an error, chunks not started are dropped
     if not outs:  # a quarter without bars
         return ofi_core.compute_ofi_features(
             _book_rows([], levels),
