@@ -230,18 +230,39 @@ def quarter_bar_features(
     return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
 
 
-def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
-    if len(parts) == 1:
-        return parts[0]
-    first = parts[0]
-    return ofi_core.OfiFeatures(
-        ts_close=np.concatenate([p.ts_close for p in parts]),
-        bars_since_reset=np.concatenate([p.bars_since_reset for p in parts]),
-        columns={k: np.concatenate([p.columns[k] for p in parts]) for k in first.columns},
-        config=first.config,
-        tick_size=first.tick_size,
-        meta=dict(first.meta),
-    )
+class _OfiOutput:
+    """The quarter's OFI columns, allocated once; each chunk copies its bars in at their offset
+    (on its own thread, right after computing them), so no chunk result is held for a final
+    concatenation and no concatenation runs on one core at the end."""
+
+    def __init__(self, n: int, ts_close: npt.NDArray[np.int64], config: ofi_core.OfiConfig) -> None:
+        self.ts_close = np.ascontiguousarray(ts_close, dtype=np.int64).copy()
+        self.bars_since_reset = np.empty(n, np.int32)
+        self.columns = {nm: ofi_core._empty_1d(n) for nm in ofi_core.feature_names(config)}
+        self.first: ofi_core.OfiFeatures | None = None
+
+    def put(self, offset: int, part: ofi_core.OfiFeatures) -> None:
+        if not np.array_equal(part.ts_close, self.ts_close[offset : offset + len(part)]):
+            raise AssertionError("OFI chunk rows do not line up with the bar list")  # a bug, not data
+        stop = offset + len(part)
+        self.bars_since_reset[offset:stop] = part.bars_since_reset
+        if list(part.columns) != list(self.columns):
+            raise AssertionError("OFI chunk columns differ from the registry's")
+        for nm, col in part.columns.items():
+            self.columns[nm][offset:stop] = col
+        if offset == 0:
+            self.first = part
+
+    def table(self) -> ofi_core.OfiFeatures:
+        assert self.first is not None
+        return ofi_core.OfiFeatures(
+            ts_close=self.ts_close,
+            bars_since_reset=self.bars_since_reset,
+            columns=self.columns,
+            config=self.first.config,
+            tick_size=self.first.tick_size,
+            meta=dict(self.first.meta),
+        )
 
 
 def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
@@ -372,13 +393,15 @@ def quarter_ofi(
         first_rec[k] = [min(a, b) for a, b in zip(first_rec[k], first_rec[k + 1], strict=True)]
     buffers = threading.local()  # one _BookBuffers per thread, reused by its chunks
 
-    def run_chunk(k: int) -> ofi_core.OfiFeatures:
+    result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
+
+    def run_chunk(k: int) -> None:
         b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
         if not hasattr(buffers, "book"):
             buffers.book = _BookBuffers()
         parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
         book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
-        return ofi_core.compute_ofi_features(
+        part = ofi_core.compute_ofi_features(
             book_arr,
             _trade_slices(trade_sources, lo_t, hi_t),
             ts_close[w0:b1],
@@ -390,22 +413,21 @@ def quarter_ofi(
             partition=partition,
             workers=1 if workers > 1 else None,
         )
+        result.put(b0 - n_warm, part)
 
-    outs: list[ofi_core.OfiFeatures] = []
     n_threads = min(workers, len(plans))
     pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
     try:
         # Results are taken in chunk order, so the first failing chunk's error is the one raised.
         chunks = range(len(plans))
-        for k, res in enumerate(map(run_chunk, chunks) if pool is None else pool.map(run_chunk, chunks)):
-            outs.append(res)
+        for k, _ in enumerate(map(run_chunk, chunks) if pool is None else pool.map(run_chunk, chunks)):
             if k + 1 < len(plans):  # chunks up to k are done: no later one reads before these
                 for rel, lo in zip(releasers, first_rec[k + 1], strict=True):
                     rel.release_before(lo)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)  # after an error, chunks not started are dropped
-    if not outs:  # a quarter without bars
+    if not plans:  # a quarter without bars
         return ofi_core.compute_ofi_features(
             _book_rows([], levels),
             _trade_slices(trade_sources, 0, 0),
@@ -415,7 +437,7 @@ def quarter_ofi(
             tick_size=tick,
             partition=partition,
         )
-    return _concat_ofi(outs)
+    return result.table()
 
 
 # --- fxcache assembly -----------------------------------------------------------------------
