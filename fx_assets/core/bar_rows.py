@@ -11,10 +11,11 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 - ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
   bars so that no bar of an interior quarter is dropped.
 - ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
-  quarter) are processed in chunks of about ``book_chunk`` book events; each chunk replays
-  enough earlier bars to rebuild every rolling state (at least ``ofi_warmup_bars``, and back to
-  a bar whose window holds a valid snapshot, which carries the book state), which gives the
-  sequential numbers, so peak memory is set by the chunk, not the quarter.
+  quarter) are processed in chunks of about ``book_chunk / workers`` book events, ``workers``
+  chunks at a time (one thread each); each chunk replays enough earlier bars to rebuild every
+  rolling state (at least ``ofi_warmup_bars``, and back to a bar whose window holds a valid
+  snapshot, which carries the book state), which gives the sequential numbers, so peak memory
+  is set by the chunks in flight (about ``book_chunk`` events together), not the quarter.
 - ``assemble_fxcache_columns``: the fxcache column groups of a quarter's bars (rows with an
   undefined value dropped and counted).
 """
@@ -297,9 +298,9 @@ def quarter_ofi(
     """OFI features of ``bars`` (one quarter), warmed up from the previous quarter's tail.
 
     The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
-    quarter's; it is cut into chunks of about ``book_chunk`` events (book events plus trades /
-    ``TRADE_WEIGHT``), and each chunk after the first replays the ``ofi_warmup_bars`` bars
-    before it, so every chunk starts from the state the sequential pass would have. Both
+    quarter's; it is cut into chunks of about ``book_chunk / config.workers`` events (book
+    events plus trades / ``TRADE_WEIGHT``), run ``config.workers`` at a time, and each chunk
+    after the first replays the ``ofi_warmup_bars`` bars before it, so every chunk starts from the state the sequential pass would have. Both
     replays reach further back where needed to hold a valid book snapshot (see
     :func:`_replay_start`). Only the events of a chunk's bars are materialised: the sidecar
     columns are memory-mapped views, and the trades of a chunk are slices of ``trades`` /
