@@ -121,14 +121,15 @@ class ActiveTrades:
 
 
 def _active_table(
-    calendar: RollCalendar, ts: npt.NDArray[np.int64]
+    calendar: RollCalendar, ts: npt.NDArray[np.int64], span: tuple[int, int] | None = None
 ) -> tuple[I64, I64, npt.NDArray[np.int32]]:
     """Session lookup table around ``ts`` (see ``calendar.session_table``) and, per session, the
-    active instrument id (-1 where the roll calendar has no row: nothing is active)."""
+    active instrument id (-1 where the roll calendar has no row: nothing is active). ``span``:
+    ``ts_range(ts)`` when the caller has it already."""
     if ts.size == 0:
         bounds, days = session_table(0, 0)
     else:
-        bounds, days = session_table(*ts_range(ts))
+        bounds, days = session_table(*(ts_range(ts) if span is None else span))
     iid, known = calendar.active_instrument(days)
     return bounds, np.where(known, iid.astype(np.int64), -1), days
 
@@ -407,7 +408,6 @@ def active_trade_flow(
     cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
     check_trade_actions(trades_sidecar, cols["action"])
     ts = cols["ts_recv"]
-    bounds, act, _ = _active_table(calendar, ts)
     n = int(ts.shape[0])
     parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
     cuts = [n * p // parts for p in range(parts + 1)]
@@ -420,6 +420,12 @@ def active_trade_flow(
         with ThreadPoolExecutor(parts) as pool:
             return list(pool.map(fn, range(parts)))
 
+    # min / max of ts for the session table, one part per thread (the first read of the column)
+    span = None
+    if n:
+        spans = run(lambda p: ts_range(ts[cuts[p] : cuts[p + 1]]))
+        span = (min(a for a, _ in spans), max(b for _, b in spans))
+    bounds, act, _ = _active_table(calendar, ts, span)
     iid, price, size = cols["instrument_id"], cols["price"], cols["size"]
     counts = run(
         lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)

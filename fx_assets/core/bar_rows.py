@@ -11,10 +11,11 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 - ``quarter_bar_features``: bar features, warmed up from the tail of the previous quarters'
   bars so that no bar of an interior quarter is dropped.
 - ``quarter_ofi``: OFI / book features. The bars (previous quarter's warm-up tail plus the
-  quarter) are processed in chunks of about ``book_chunk`` book events; each chunk replays
-  enough earlier bars to rebuild every rolling state (at least ``ofi_warmup_bars``, and back to
-  a bar whose window holds a valid snapshot, which carries the book state), which gives the
-  sequential numbers, so peak memory is set by the chunk, not the quarter.
+  quarter) are processed in chunks of about ``book_chunk / workers`` book events, ``workers``
+  chunks at a time (one thread each); each chunk replays enough earlier bars to rebuild every
+  rolling state (at least ``ofi_warmup_bars``, and back to a bar whose window holds a valid
+  snapshot, which carries the book state), which gives the sequential numbers, so peak memory
+  is set by the chunks in flight (about ``book_chunk`` events together), not the quarter.
 - ``assemble_fxcache_columns``: the fxcache column groups of a quarter's bars (rows with an
   undefined value dropped and counted).
 """
@@ -22,6 +23,7 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -229,18 +231,39 @@ def quarter_bar_features(
     return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
 
 
-def _concat_ofi(parts: list[ofi_core.OfiFeatures]) -> ofi_core.OfiFeatures:
-    if len(parts) == 1:
-        return parts[0]
-    first = parts[0]
-    return ofi_core.OfiFeatures(
-        ts_close=np.concatenate([p.ts_close for p in parts]),
-        bars_since_reset=np.concatenate([p.bars_since_reset for p in parts]),
-        columns={k: np.concatenate([p.columns[k] for p in parts]) for k in first.columns},
-        config=first.config,
-        tick_size=first.tick_size,
-        meta=dict(first.meta),
-    )
+class _OfiOutput:
+    """The quarter's OFI columns, allocated once; each chunk copies its bars in at their offset
+    (on its own thread, right after computing them), so no chunk result is held for a final
+    concatenation and no concatenation runs on one core at the end."""
+
+    def __init__(self, n: int, ts_close: npt.NDArray[np.int64], config: ofi_core.OfiConfig) -> None:
+        self.ts_close = np.ascontiguousarray(ts_close, dtype=np.int64).copy()
+        self.bars_since_reset = np.empty(n, np.int32)
+        self.columns = {nm: ofi_core._empty_1d(n) for nm in ofi_core.feature_names(config)}
+        self.first: ofi_core.OfiFeatures | None = None
+
+    def put(self, offset: int, part: ofi_core.OfiFeatures) -> None:
+        if not np.array_equal(part.ts_close, self.ts_close[offset : offset + len(part)]):
+            raise AssertionError("OFI chunk rows do not line up with the bar list")  # a bug, not data
+        stop = offset + len(part)
+        self.bars_since_reset[offset:stop] = part.bars_since_reset
+        if list(part.columns) != list(self.columns):
+            raise AssertionError("OFI chunk columns differ from the registry's")
+        for nm, col in part.columns.items():
+            self.columns[nm][offset:stop] = col
+        if offset == 0:
+            self.first = part
+
+    def table(self) -> ofi_core.OfiFeatures:
+        assert self.first is not None
+        return ofi_core.OfiFeatures(
+            ts_close=self.ts_close,
+            bars_since_reset=self.bars_since_reset,
+            columns=self.columns,
+            config=self.first.config,
+            tick_size=self.first.tick_size,
+            meta=dict(self.first.meta),
+        )
 
 
 def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
@@ -275,9 +298,9 @@ def quarter_ofi(
     """OFI features of ``bars`` (one quarter), warmed up from the previous quarter's tail.
 
     The bar list is the previous quarter's last ``ofi_warmup_bars`` bars followed by this
-    quarter's; it is cut into chunks of about ``book_chunk`` events (book events plus trades /
-    ``TRADE_WEIGHT``), and each chunk after the first replays the ``ofi_warmup_bars`` bars
-    before it, so every chunk starts from the state the sequential pass would have. Both
+    quarter's; it is cut into chunks of about ``book_chunk / config.workers`` events (book
+    events plus trades / ``TRADE_WEIGHT``), run ``config.workers`` at a time, and each chunk
+    after the first replays the ``ofi_warmup_bars`` bars before it, so every chunk starts from the state the sequential pass would have. Both
     replays reach further back where needed to hold a valid book snapshot (see
     :func:`_replay_start`). Only the events of a chunk's bars are materialised: the sidecar
     columns are memory-mapped views, and the trades of a chunk are slices of ``trades`` /
@@ -321,6 +344,14 @@ def quarter_ofi(
 
     has_snap = _has_valid_snapshot(sources, ts_close, before_first)
 
+    # Chunks run ``workers`` at a time, each on one thread (its kernels are nogil): every step
+    # of a chunk (book gather, input checks, cumulative trade volumes, both passes, deltas)
+    # then runs in parallel, where threads inside one chunk left its serial steps on one core.
+    # ``book_chunk`` bounds the events of all chunks in flight, so each holds 1/workers of it
+    # and peak memory stays that of one ``book_chunk`` chunk.
+    workers = max(1, int(config.workers))
+    per_chunk = max(1, book_chunk // workers)
+
     # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
     # differences are used, so the previous quarter's events before the warm-up cancel out.
     cum = np.zeros(n_all, dtype=np.int64)
@@ -332,14 +363,14 @@ def quarter_ofi(
     while bounds[-1] < n_all:
         start = bounds[-1]
         base = int(cum[start - 1]) if start > 0 else 0
-        nxt = int(np.searchsorted(cum, base + book_chunk, side="right"))
+        nxt = int(np.searchsorted(cum, base + per_chunk, side="right"))
         bounds.append(min(max(nxt, start + 1), n_all))
     del cum
 
-    outs: list[ofi_core.OfiFeatures] = []
-    buffers = _BookBuffers()
     tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
     releasers = [PageReleaser(list(c.values())) for _, c in sources]
+    # Each chunk's plan: its bars [b0, b1), replay start w0, time window and record ranges.
+    plans = []
     for b0, b1 in itertools.pairwise(bounds):
         w0 = (
             0
@@ -349,28 +380,55 @@ def quarter_ofi(
         t_start = close_before(w0)
         lo_t = t_start if t_start is not None else int(np.iinfo(np.int64).min)
         hi_t = int(ts_close[b1 - 1])
-        parts = []
-        for (src, c), rel in zip(sources, releasers, strict=True):
-            lo = int(np.searchsorted(c["ts_recv"], lo_t, side="right"))
-            hi = int(np.searchsorted(c["ts_recv"], hi_t, side="right"))
-            parts.append((src, c, lo, hi))
-            rel.release_before(lo)  # later chunks start at or after this window
-        book_arr = _book_rows(parts, levels, tick_units, buffers, tables)
-        outs.append(
-            ofi_core.compute_ofi_features(
-                book_arr,
-                _trade_slices(trade_sources, lo_t, hi_t),
-                ts_close[w0:b1],
-                inst[w0:b1],
-                config,
-                tick_size=tick,
-                n_warmup=b0 - w0,
-                ts_window_start=t_start,
-                partition=partition,
+        spans = [
+            (
+                int(np.searchsorted(c["ts_recv"], lo_t, side="right")),
+                int(np.searchsorted(c["ts_recv"], hi_t, side="right")),
             )
+            for _, c in sources
+        ]
+        plans.append((b0, b1, w0, t_start, lo_t, hi_t, spans))
+    # First record any chunk from k on reads, per source: pages before it can be released.
+    first_rec = [[lo for lo, _ in p[6]] for p in plans]
+    for k in range(len(plans) - 2, -1, -1):
+        first_rec[k] = [min(a, b) for a, b in zip(first_rec[k], first_rec[k + 1], strict=True)]
+    buffers = threading.local()  # one _BookBuffers per thread, reused by its chunks
+
+    result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
+
+    def run_chunk(k: int) -> None:
+        b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
+        if not hasattr(buffers, "book"):
+            buffers.book = _BookBuffers()
+        parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
+        book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
+        part = ofi_core.compute_ofi_features(
+            book_arr,
+            _trade_slices(trade_sources, lo_t, hi_t),
+            ts_close[w0:b1],
+            inst[w0:b1],
+            config,
+            tick_size=tick,
+            n_warmup=b0 - w0,
+            ts_window_start=t_start,
+            partition=partition,
+            workers=1 if workers > 1 else None,
         )
-        del book_arr
-    if not outs:  # a quarter without bars
+        result.put(b0 - n_warm, part)
+
+    n_threads = min(workers, len(plans))
+    pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+    try:
+        # Results are taken in chunk order, so the first failing chunk's error is the one raised.
+        chunks = range(len(plans))
+        for k, _ in enumerate(map(run_chunk, chunks) if pool is None else pool.map(run_chunk, chunks)):
+            if k + 1 < len(plans):  # chunks up to k are done: no later one reads before these
+                for rel, lo in zip(releasers, first_rec[k + 1], strict=True):
+                    rel.release_before(lo)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)  # after an error, chunks not started are dropped
+    if not plans:  # a quarter without bars
         return ofi_core.compute_ofi_features(
             _book_rows([], levels),
             _trade_slices(trade_sources, 0, 0),
@@ -380,7 +438,7 @@ def quarter_ofi(
             tick_size=tick,
             partition=partition,
         )
-    return _concat_ofi(outs)
+    return result.table()
 
 
 # --- fxcache assembly -----------------------------------------------------------------------

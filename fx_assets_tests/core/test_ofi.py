@@ -655,6 +655,16 @@ def test_validate_raises_on_nan_after_warmup_and_out_of_bounds() -> None:
     g.columns["ofi_l1"][3] = np.nan
     with pytest.raises(FxDataError, match=r"ofi_l1 is NaN"):
         validate_ofi(g, "2024-Q3")
+    g = OfiFeatures(
+        f.ts_close, f.bars_since_reset, {k: v.copy() for k, v in f.columns.items()}, f.config, TICK
+    )
+    g.columns["spread_ticks"][[9, 40]] = [-np.inf, 0.5]  # the first bad bar of a column is named
+    g.columns["spread_ticks"][25] = -1.0
+    with pytest.raises(FxDataError, match=r"spread_ticks is ±inf at bar 9 "):
+        validate_ofi(g, "2024-Q3")
+    g.columns["spread_ticks"][9] = 1.0
+    with pytest.raises(FxDataError, match=r"spread_ticks = .*-1.0.* outside .* at bar 25 "):
+        validate_ofi(g, "2024-Q3")
 
 
 def test_input_errors() -> None:

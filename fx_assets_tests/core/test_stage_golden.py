@@ -7,7 +7,8 @@ dtype); every column's XXH3-128 (:func:`fx_assets.core.tables.table_checksums`) 
 fxcache region checksum must equal the ones recorded in ``golden/stage_digests.json`` (written
 by the code before the fxcache / OFI speed-ups of issue 10). OFI runs on the trade flow the
 asset loads (``active_trade_flow``), and again from the full active trades with a small
-``book_chunk`` (many chunks, each replaying its warm-up), which must give the same bits.
+``book_chunk`` (many chunks, each replaying its warm-up), which must give the same bits, and
+with 1, 2 and 7 workers (chunks run in parallel, one thread each).
 
 A deliberate change of a stage's numbers regenerates the file:
 ``FX_GOLDEN_WRITE=1 python -m pytest fx_assets_tests/core/test_stage_golden.py`` (and says
@@ -91,6 +92,13 @@ def _digests(tmp: Path) -> dict[str, Any]:
             "ofi_features": table_checksums(ofi.to_arrow()),
         }
         assert table_checksums(ofi_small.to_arrow()) == d["ofi_features"], f"{q}: OFI depends on book_chunk"
+        # Chunks run n_workers at a time (one thread each): the same bits for any thread count.
+        for w in (1, 2, 7):
+            par_cfg = ofi_core.OfiConfig(n_workers=w)
+            for chunk in (5_000, 40_000):
+                par = quarter_ofi(bars, flow, book, par_cfg, partition=label, book_chunk=chunk, **flow_kw)
+                got = table_checksums(par.to_arrow())
+                assert got == d["ofi_features"], f"{q}: OFI with {w} workers, book_chunk {chunk} differs"
         ts, groups, dropped = assemble_fxcache_columns(bars, feats, ofi, book)
         d["fxcache_dropped"] = dropped
         for dtype in ("f32", "bf16", "f64"):
