@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -106,6 +107,12 @@ def test_a_cache_hit_run_verifies_each_file_once_and_reuses_passed_verdicts(
         # the bars stage evaluated volume conservation on the trades it had in memory
         assert built.pop("bars.volume_conserved") == "reused"
         assert set(built.values()) == {"evaluated"}
+        # Verified files carry a record of the verification beside them; without it (as a run
+        # of a fresh process saw them before this record existed) each file is verified in full.
+        records = sorted((root / "derived").rglob("*.verified.json"))
+        assert {r.name.split(".")[-3] for r in records} == {"arrow", "fxcache"}, records
+        for r in records:
+            r.unlink()
         verified.clear()
         counted.clear()
         hit = _run(defs, inst, Q2)
@@ -131,6 +138,16 @@ def test_a_cache_hit_run_verifies_each_file_once_and_reuses_passed_verdicts(
             assert got[name]["verdict"] == "reused", name
         # figures of the evaluation that passed come back with the verdict
         assert got["bars.volume_conserved"]["volume"] == _checks(first)["bars.volume_conserved"]["volume"]
+        # the next run (another process: nothing remembered in memory) finds the records of those
+        # verifications with the files' stat stamps unchanged: a full hit reads no file whole
+        verified.clear()
+        counted.clear()
+        again = _run(defs, inst, Q2)
+        assert again.success and not counted, counted
+        assert all(c["passed"] and c.get("verdict") != "evaluated" for c in _checks(again).values())
+        assert {
+            ev.materialization.metadata["action"].value for ev in again.get_asset_materialization_events()
+        } == {"reused"}
 
 
 def test_a_damaged_input_is_never_covered_by_a_recorded_verdict(market3: Path, tmp_path: Path) -> None:
@@ -140,6 +157,8 @@ def test_a_damaged_input_is_never_covered_by_a_recorded_verdict(market3: Path, t
     with dg.instance_for_test() as inst:
         assert _run(defs, inst, Q1).success
         feats = next((root / "derived" / "bar_features").rglob("*.arrow"))
+        # the build run verified it and recorded that beside it (the shortcut of the next hit)
+        assert verified.record_path(feats).is_file()
         verified.clear()
         _flip_value(feats, "rsi_14")
         # the asset's reuse check finds it and rebuilds; the rebuilt file has the original bytes
@@ -207,3 +226,110 @@ def test_verify_once_verifies_again_after_any_change_of_the_file(tmp_path: Path)
     with pytest.raises(ValueError):
         verified.verify_once(f, "k", bad)
     assert "k" not in verified.verified_kinds(f)
+
+
+def _edit_in_place(f: Path, data: bytes) -> None:
+    """Overwrite ``f``'s bytes in place (same inode and size), as a tool editing it would; after
+    a pause, so that the coarse kernel clock has moved on since the file was last written."""
+    time.sleep(0.05)
+    with open(f, "r+b") as fh:
+        fh.write(data)
+
+
+def test_a_recorded_verification_holds_across_processes_only_for_the_same_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verified.clear()
+    f = tmp_path / "t.arrow"
+    f.write_bytes(b"abc")
+    seen: list[bytes] = []
+
+    def check(p: Path) -> None:
+        data = p.read_bytes()
+        seen.append(data)
+        if data != b"abc" and data != b"abd":
+            raise ValueError(f"{p}: checksum mismatch")
+
+    assert verified.verify_once(f, "k", check)
+    assert verified.record_path(f).is_file()
+    verified.clear()  # another process: nothing in memory, the record beside the file
+    assert not verified.verify_once(f, "k", check)
+    assert verified.verify_once(f, "other kind", check)  # recorded per kind
+    verified.clear()
+    assert not verified.verify_once(f, "k", check) and not verified.verify_once(f, "other kind", check)
+    assert len(seen) == 2
+
+    # damaged in place (same size and inode): the stamp moved, so it is verified and fails
+    _edit_in_place(f, b"abz")
+    verified.clear()
+    with pytest.raises(ValueError, match="checksum"):
+        verified.verify_once(f, "k", check)
+    verified.clear()
+    with pytest.raises(ValueError, match="checksum"):  # a failure records nothing
+        verified.verify_once(f, "k", check)
+
+    # repaired in place with its mtime set back: ctime still moved, so it is verified again
+    st = f.stat()
+    _edit_in_place(f, b"abc")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    verified.clear()
+    assert verified.verify_once(f, "k", check)
+    verified.clear()
+    assert not verified.verify_once(f, "k", check)
+
+    # replaced by rename (same size), a copy in its place, a touch: verified again each time
+    tmp = tmp_path / "t.new"
+    tmp.write_bytes(b"abd")
+    os.replace(tmp, f)
+    verified.clear()
+    assert verified.verify_once(f, "k", check) and seen[-1] == b"abd"
+    shutil.copy2(f, tmp)
+    os.replace(tmp, f)
+    verified.clear()
+    assert verified.verify_once(f, "k", check)
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    verified.clear()
+    assert verified.verify_once(f, "k", check)
+
+    # another package source, a record of another file or a torn record: verified again
+    verified.clear()
+    assert not verified.verify_once(f, "k", check)
+    monkeypatch.setattr(verified, "_code", lambda: "another package source")
+    verified.clear()
+    assert verified.verify_once(f, "k", check)
+    monkeypatch.undo()
+    g = tmp_path / "g.arrow"
+    g.write_bytes(b"abd")
+    verified.verify_once(f, "k", check)
+    shutil.copy(verified.record_path(f), verified.record_path(g))
+    verified.clear()
+    assert verified.verify_once(g, "k", check)
+    verified.record_path(f).write_text('{"version": 1, "na')
+    verified.clear()
+    assert verified.verify_once(f, "k", check)
+    # persist=False neither reads nor writes the record
+    verified.record_path(f).unlink()
+    verified.clear()
+    assert verified.verify_once(f, "k", check, persist=False)
+    assert not verified.record_path(f).exists()
+
+
+def test_a_record_that_cannot_be_written_only_costs_verifications(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only data root: the verification passes, nothing is recorded, the next process
+    verifies again."""
+    verified.clear()
+    f = tmp_path / "t.arrow"
+    f.write_bytes(b"abc")
+
+    def read_only(path, _text):
+        raise PermissionError(13, "Read-only file system", str(path))
+
+    monkeypatch.setattr(verified, "atomic_write_text", read_only)
+    assert verified.verify_once(f, "k", lambda p: None)
+    assert not verified.record_path(f).exists()
+    assert not verified.verify_once(f, "k", lambda p: None)  # remembered in this process
+    verified.clear()
+    assert verified.verify_once(f, "k", lambda p: None)

@@ -104,11 +104,12 @@ def _build_two_partitions(root: Path, inst: dg.DagsterInstance, target: object) 
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    """Every data file's bytes (not the build metadata beside them: it records timings)."""
+    """Every data file's bytes (not the build metadata beside them: it records timings; nor the
+    records of verifications: they hold the files' inodes and ctimes)."""
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.endswith(".meta.json")
+        if p.is_file() and not p.name.endswith((".meta.json", ".verified.json"))
     }
 
 

@@ -280,7 +280,9 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     The key covers every input and parameter, so an existing file is exactly what this run
     would write; it is verified against the checksum written with it (stage tables in full:
     :func:`fx_assets.core.tables.verify_table`; fxcache by its own validation) before it is
-    trusted. A file that fails is rebuilt (``io.rebuild_reason`` says why) and replaced in
+    trusted, unless a passed verification of the file with the same stat stamp (size, mtime,
+    ctime, inode) is recorded beside it (:mod:`fx_assets.core.verified`: any write or
+    replacement moves the stamp). A file that fails is rebuilt (``io.rebuild_reason`` says why) and replaced in
     place by the new one; it is never deleted first, so a concurrent reader never sees it
     missing.
     """
@@ -288,8 +290,9 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     if not path.is_file():
         return None
     try:
-        # In full, remembered for this process: the stage's asset check in the same run reads
-        # the unchanged file without verifying it a second time (fx_assets.core.verified).
+        # In full, remembered with the file's stat stamp (in this process and beside the file):
+        # the stage's asset check in the same run, and later runs, read the unchanged file
+        # without verifying it again (fx_assets.core.verified).
         if stage == "fxcache":
             from fx_assets.core.verified import verify_fxcache_bytes
 

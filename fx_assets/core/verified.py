@@ -1,13 +1,26 @@
-"""Files verified in full in this process, so that one run does not verify the same file twice.
+"""Files verified in full, so that a cache hit does not re-read whole files it already verified.
 
-A cache-hit run verifies every stage table in full before reusing it (``verify_table``) and opens
-the fxcache with every checksum and value checked; the asset checks of the same run then verify
-the same files again. With the in-process executor all of a run's steps share one process, so
-:func:`verify_once` remembers a completed verification together with the file's stat stamp
-(size, mtime_ns, ctime_ns, inode, device, :func:`fx_assets.core.source_hash.stat_stamp`) taken
-before it began, and skips a second verification of the same kind while the stamp is unchanged.
-A rewrite, a rename over the file or a touch moves the stamp, and the next call verifies again.
-Nothing is kept across processes: every run verifies each file it reads at least once.
+A cache-hit run reuses every stage table only after it matched the checksums written with it
+(``verify_table``) and an fxcache file only after every byte matched its checksums; the asset
+checks of the same run read the same files again. :func:`verify_once` remembers a completed
+verification together with the file's stat stamp (size, mtime_ns, ctime_ns, inode, device,
+:func:`fx_assets.core.source_hash.stat_stamp`) taken before it began:
+
+- in this process (the in-process executor runs all of a run's steps in one process), and
+- beside the file, in ``<file>.verified.json`` (the stamp per kind of verification and the
+  package source fingerprint), so that a later run in another process skips a full
+  verification of the same kind while the stamp is unchanged.
+
+Why a stamp may stand for a verification: the verified files are only ever written whole under
+a temporary name and renamed into place (a new inode), and any write to a file moves its ctime,
+which ``os.utime`` cannot set back; a copy is a new inode. So a rewrite, a rename over the file,
+an in-place edit by a tool, a partial copy or a touch all move the stamp, and the next call
+verifies again (and a damaged file fails). This is the trust the raw files' content identity
+already rests on (:mod:`fx_assets.core.source_hash`): what a stamp cannot see is a change that
+keeps size, mtime, ctime and inode (a raw block-device write, or media decay under a filesystem
+that does not checksum its blocks). Any change to the package source verifies every file again
+once. A record that is missing, torn, foreign or cannot be written (a read-only data root) only
+costs a full verification.
 
 :func:`table_identity` / :func:`fxcache_identity` are the content identities of a stage table
 and of an fxcache file once their bytes are verified here: the digest of the checksums written
@@ -16,41 +29,101 @@ with them (what a recorded check verdict is keyed by).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.checksum import hash_buffers
 from fx_assets.core.source_hash import stat_stamp
 
-__all__ = ["clear", "fxcache_identity", "table_identity", "verified_kinds", "verify_once"]
+__all__ = [
+    "clear",
+    "fxcache_identity",
+    "record_path",
+    "table_identity",
+    "verified_kinds",
+    "verify_once",
+]
 
 _Stamp = tuple[int, ...]
 _DONE: dict[tuple[str, str], _Stamp] = {}
+_RECORD_VERSION = 1
 
 
 def _stamp(path: Path) -> _Stamp:
     return tuple(stat_stamp(os.stat(path)).values())
 
 
-def verify_once(path: Path | str, kind: str, verify: Callable[[Path], object]) -> bool:
+@functools.cache
+def _code() -> str:
+    """The package source fingerprint (one read of the sources per process)."""
+    from fx_assets.core.codeversion import source_fingerprint
+
+    return source_fingerprint()
+
+
+def record_path(path: Path | str) -> Path:
+    """Where the verifications of ``path`` that passed are recorded: ``<path>.verified.json``."""
+    p = Path(path)
+    return p.with_name(p.name + ".verified.json")
+
+
+def _read_record(p: Path) -> dict[str, list[int]]:
+    """{kind: stamp} of the record beside ``p``, for this package source; {} if none holds."""
+    try:
+        doc = json.loads(record_path(p).read_text())
+    except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(doc, dict)
+        or doc.get("version") != _RECORD_VERSION
+        or doc.get("name") != p.name
+        or doc.get("code") != _code()
+        or not isinstance(doc.get("kinds"), dict)
+    ):
+        return {}
+    return {str(k): v for k, v in doc["kinds"].items() if isinstance(v, list)}
+
+
+def _write_record(p: Path, kind: str, stamp: _Stamp) -> None:
+    kinds = {k: v for k, v in _read_record(p).items() if tuple(v) == stamp}  # drop stale stamps
+    kinds[kind] = list(stamp)
+    doc = {"version": _RECORD_VERSION, "name": p.name, "code": _code(), "kinds": kinds}
+    with contextlib.suppress(OSError):  # not recorded: the next process verifies again
+        atomic_write_text(record_path(p), json.dumps(doc, sort_keys=True))
+
+
+def verify_once(
+    path: Path | str, kind: str, verify: Callable[[Path], object], *, persist: bool = True
+) -> bool:
     """Run ``verify(path)`` unless a verification of this ``kind`` of the unchanged file already
-    completed in this process; True when it ran. ``verify`` raises on a bad file (nothing is
-    remembered then)."""
+    completed (in this process, or, with ``persist``, in any process with the same package
+    source: the record beside the file); True when it ran. ``verify`` raises on a bad file
+    (nothing is remembered then)."""
     p = Path(path)
     key = (kind, str(p.resolve()))
     before = _stamp(p)
     if _DONE.get(key) == before:
         return False
     _DONE.pop(key, None)
+    if persist and tuple(_read_record(p).get(kind, ())) == before:
+        _DONE[key] = before
+        return False
     verify(p)
     if _stamp(p) == before:  # the bytes verified are the file that still carries this stamp
         _DONE[key] = before
+        if persist:
+            _write_record(p, kind, before)
     return True
 
 
 def verified_kinds(path: Path | str) -> set[str]:
-    """The kinds of verification that hold for the file as it is now (for tests and logs)."""
+    """The kinds of verification that hold for the file as it is now in this process (for tests
+    and logs)."""
     p = Path(path)
     try:
         now = _stamp(p)
@@ -61,12 +134,12 @@ def verified_kinds(path: Path | str) -> set[str]:
 
 
 def clear() -> None:
-    """Forget every verification (tests)."""
+    """Forget every verification of this process (tests; the records beside files stay)."""
     _DONE.clear()
 
 
 def table_identity(path: Path | str) -> str:
-    """The content identity of a stage table: verified in full (once per process, see above),
+    """The content identity of a stage table: verified in full (once per stamp, see above),
     then the digest of its file name (which carries the cache key) and its per-column checksums."""
     from fx_assets.core.tables import read_table, stored_checksums, verify_table
 
@@ -85,7 +158,7 @@ def verify_fxcache_bytes(path: Path) -> None:
 
 def fxcache_identity(path: Path | str) -> str:
     """The content identity of an fxcache file: its bytes verified against its checksums (once
-    per process), then the digest of its file name and header (which holds every region's
+    per stamp, see above), then the digest of its file name and header (which holds every region's
     checksum)."""
     from fx_assets.core.fxcache import HEADER_SIZE
 
