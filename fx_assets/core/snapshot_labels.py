@@ -183,6 +183,9 @@ class HorizonLabels:
     train_defined: int = 0  # training rows whose label is defined (before any exclusion)
 
 
+QUANTILE_MAX = 1 << 24  # the most values torch.quantile takes (a fold of 300 M updates has more)
+
+
 def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
     """The dead band: 0, or the ``share`` quantile of |change| over the defined training rows."""
     import torch
@@ -192,6 +195,10 @@ def fit_alpha(change_train: torch.Tensor, share: float | None) -> float:
     a = torch.abs(change_train[torch.isfinite(change_train)])
     if a.numel() == 0:
         raise FxDataError("no defined training label to fit the dead band on")
+    if a.numel() > QUANTILE_MAX:  # torch.quantile refuses larger inputs; the same number, exactly
+        fit = AbsChangeQuantile(share)
+        fit.add(a)
+        return fit.alpha()
     return float(torch.quantile(a, share))  # ties at 0 (zero moves) floor the band at 0
 
 

@@ -232,3 +232,22 @@ def test_classify_is_the_classes_of_snapshot_labels() -> None:
         for hl in snapshot_labels(torch.from_numpy(p), TICK, 2000, cfg):
             got = classify(hl.change, hl.alpha, cfg.zero)
             assert torch.equal(got.nan_to_num(7.0), hl.classes.nan_to_num(7.0))
+
+
+def test_dead_band_of_more_values_than_torch_quantile_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resident fold with more defined training labels than torch.quantile accepts (2**24)
+    still gets its dead band, the same number: the exact streaming quantile takes over."""
+    import fx_assets.core.snapshot_labels as sl
+
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(np.where(rng.random(5001) < 0.4, 0.0, rng.standard_normal(5001) * 1e-4))
+    x[::97] = float("nan")
+    want = {s: fit_alpha(x, s) for s in (0.1, 0.37, 0.5, 0.9)}
+    monkeypatch.setattr(sl, "QUANTILE_MAX", 1000)  # the large-input path, on a small input
+    for s, w in want.items():
+        assert fit_alpha(x, s) == w
+    monkeypatch.undo()
+    big = torch.zeros(sl.QUANTILE_MAX + 1, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="too large"):
+        torch.quantile(big, 0.5)  # what fit_alpha used to call on every fold
+    assert fit_alpha(big, 0.25) == 0.0
