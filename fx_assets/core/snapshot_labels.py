@@ -349,18 +349,27 @@ def labels_of_ticks(
     for h, ch, cls, alpha, (defined, up, down, flat) in zip(
         cfg.horizons, changes, classes, alphas, table, strict=True
     ):
-        shares = {
-            "defined": defined / n_train,
-            **{
-                name: (c / defined if defined else float("nan"))
-                for name, c in (("up", up), ("down", down), ("stationary", flat))
-            },
-        }
         if cfg.zero == "exclude":
             cls = cls.masked_fill_(cls == 0.0, nan)
-            shares["excluded"] = shares["stationary"]
+        shares = class_shares(defined, up, down, flat, n_train, cfg.zero)
         out.append(HorizonLabels(h, ch, cls, alpha, shares, int(defined)))
     return out
+
+
+def class_shares(defined: int, up: int, down: int, flat: int, n_train: int, zero: str) -> dict[str, float]:
+    """The shares a fold reports from its training-row class counts: ``defined`` over the
+    training rows, up / down / stationary over the defined ones (NaN when none is), and with
+    ``zero == "exclude"`` the ``excluded`` share (the stationary rows left out)."""
+    shares = {
+        "defined": defined / n_train,
+        **{
+            name: (c / defined if defined else float("nan"))
+            for name, c in (("up", up), ("down", down), ("stationary", flat))
+        },
+    }
+    if zero == "exclude":
+        shares["excluded"] = shares["stationary"]
+    return shares
 
 
 def breaks_of(*ids: torch.Tensor) -> torch.Tensor:

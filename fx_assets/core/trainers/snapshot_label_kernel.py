@@ -18,7 +18,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from fx_assets.core.snapshot_labels import HorizonLabels, SnapshotLabelConfig, back_rows
+from fx_assets.core.snapshot_labels import HorizonLabels, SnapshotLabelConfig, back_rows, class_shares
 
 if TYPE_CHECKING:
     import torch
@@ -181,15 +181,7 @@ def fused_snapshot_labels(
         return None
     out = []
     for i, (h, (defined, up, down, flat)) in enumerate(zip(hs, table, strict=True)):
-        shares = {
-            "defined": defined / n_train,
-            **{
-                name: (c / defined if defined else float("nan"))
-                for name, c in (("up", up), ("down", down), ("stationary", flat))
-            },
-        }
-        if cfg.zero == "exclude":
-            shares["excluded"] = shares["stationary"]
+        shares = class_shares(defined, up, down, flat, n_train, cfg.zero)
         out.append(HorizonLabels(h, ch[i], cls[i], 0.0, shares, int(defined)))
     return out, r1
 
