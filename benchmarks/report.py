@@ -625,7 +625,9 @@ def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
     ]
     rows = []
     label = {"current": "this commit", "reference": "previous kernel (test reference)"}
-    for impl in ("current", "reference"):
+    if sp.get("baseline_commit"):
+        label["baseline"] = f"baseline `{sp['baseline_ref']}` ({sp['baseline_commit'][:7]}; same bits)"
+    for impl in ("current", "baseline", "reference"):
         d = sp.get(impl)
         if not d:
             continue
