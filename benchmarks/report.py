@@ -626,7 +626,10 @@ def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
     rows = []
     label = {"current": "this commit", "reference": "previous kernel (test reference)"}
     if sp.get("baseline_commit"):
-        label["baseline"] = f"baseline `{sp['baseline_ref']}` ({sp['baseline_commit'][:7]}; same bits)"
+        ref, commit = sp["baseline_ref"], sp["baseline_commit"]
+        named = f"`{commit[:7]}`" if commit.startswith(ref) else f"`{ref}` ({commit[:7]})"
+        label["baseline"] = f"baseline {named}, outputs bit-identical"
+
     for impl in ("current", "baseline", "reference"):
         d = sp.get(impl)
         if not d:
