@@ -20,12 +20,16 @@ the pipeline makes) and scanned by ``snapshot_features(book, cfg, state)``. Figu
   (no conversion: what reading the input costs at least); each wall and CPU seconds
   (getrusage user + sys) and updates/s per core from the CPU seconds. With ``--compare`` the
   test suite's copy of the previous kernel (``fx_assets_tests/core/snapshot_reference.py``)
-  runs A B A B against the current one in the same process and input.
+  runs A B A B against the current one in the same process and input. With ``--baseline REF``
+  the gather and the scan as they are at git revision REF (``core/book.py`` and
+  ``core/snapshot_features.py`` exported by ``git show`` into a temporary directory and
+  imported from there; the rest of the package is this tree's) run A B A B beside the current
+  ones, and both outputs are checked equal bit for bit (features and gathered matrices).
 - ``memory``: fresh processes for chunk sizes x input sizes (the quarter once, and 4 times
   over with time shifted: the same rows again, 4x the updates); peak private memory (RssAnon
   sampled every 5 ms) and VmHWM (which also counts the memory-mapped sidecar pages read).
 
-Usage: ``python -m benchmarks.bench_snapshot [--quick] [--compare] [--rounds N]``; the
+Usage: ``python -m benchmarks.bench_snapshot [--quick] [--compare] [--baseline REF] [--rounds N]``; the
 subcommands ``speed`` and ``memory`` print one JSON object (used by ``run``).
 """
 
@@ -33,8 +37,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
+import importlib.util
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -204,11 +212,13 @@ class Input:
     def __len__(self) -> int:
         return int(self.idx.shape[0])
 
-    def chunk(self, lo: int, hi: int, shift_ns: int = 0, brk_shift: int = 0) -> Any:
-        """Rows [lo, hi) as a SnapshotBook in reused buffers (times shifted for a later pass)."""
+    def chunk(self, lo: int, hi: int, shift_ns: int = 0, brk_shift: int = 0, gather: Any = None) -> Any:
+        """Rows [lo, hi) as a SnapshotBook in reused buffers (times shifted for a later pass);
+        ``gather``: a ``_gather_book_nb`` other than this tree's (the baseline's)."""
         from fx_assets.core.book import _gather_book_nb
         from fx_assets.core.snapshot_features import SnapshotBook
 
+        gather = gather or _gather_book_nb
         n = hi - lo
         cap = max(n, 1)
         b = self.bufs.get(cap)
@@ -219,7 +229,7 @@ class Input:
         ts_o, act_o, side_o, size_o, *mats = b
         idx = self.idx[lo:hi]
         lv = self.levels
-        _gather_book_nb(
+        gather(
             idx, self.c["ts_recv"], lv["bid_px"], lv["ask_px"], lv["bid_sz"], lv["ask_sz"], lv["bid_ct"],
             lv["ask_ct"], 0, 0, ts_o, *mats,
         )  # fmt: skip
@@ -244,9 +254,42 @@ class Input:
 # measurements (each in its own process: see run)
 
 
+_BASELINE: dict[str, Any] = {}  # "book", "scan": the baseline's modules; "ref", "commit"
+
+
+def load_baseline(ref: str) -> None:
+    """Import ``core/book.py`` and ``core/snapshot_features.py`` as they are at git revision
+    ``ref`` (from a temporary directory, under their own module names) as the ``baseline``."""
+    repo = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_snapshot_baseline_"))
+    for key, rel in (("book", "fx_assets/core/book.py"), ("scan", "fx_assets/core/snapshot_features.py")):
+        src = subprocess.run(
+            ["git", "show", f"{commit}:{rel}"], cwd=repo, check=True, capture_output=True, text=True
+        ).stdout
+        name = f"_bench_baseline_{key}_{commit[:12]}"
+        path = tmp / f"{name}.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        _BASELINE[key] = mod
+    _BASELINE["ref"], _BASELINE["commit"] = ref, commit
+
+
 def _scan_fn(impl: str) -> Any:
     import importlib
 
+    if impl == "baseline":
+        return _BASELINE["scan"]
     name = (
         "fx_assets_tests.core.snapshot_reference"
         if impl == "reference"
@@ -255,16 +298,21 @@ def _scan_fn(impl: str) -> Any:
     return importlib.import_module(name)
 
 
-def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> dict[str, float]:
+def one_pass(
+    inp: Input, chunk: int, impl: str = "current", passes: int = 1, digest: Any = None
+) -> dict[str, float]:
     """Scan the input ``passes`` times over (time-shifted), chunk by chunk: scan and gather
-    seconds, wall and CPU, each summed over the chunks."""
+    seconds, wall and CPU, each summed over the chunks. ``digest``: a hashlib object fed
+    every chunk's gathered matrices and features (the bit-for-bit check)."""
     from fx_assets.core.snapshot_features import SnapshotFeatureConfig, feature_names
 
     mod = _scan_fn(impl)
+    gather = _BASELINE["book"]._gather_book_nb if impl == "baseline" else None
     cfg = SnapshotFeatureConfig()
     st = None
     nf = len(feature_names(cfg))
-    out_buf = np.empty(nf * chunk) if impl == "current" else None  # reused: [n, F] views of it
+    # reused: [n, F] views of it (the reference kernel allocates its own output)
+    out_buf = np.empty(nf * chunk) if impl != "reference" else None
     gw = gc = sw = sc = 0.0
     n = len(inp)
     check = 0.0
@@ -272,7 +320,9 @@ def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> 
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
             c0, t0 = cpu_seconds(), time.perf_counter()
-            book = inp.chunk(lo, hi, shift_ns=p * inp.span_ns, brk_shift=p * (int(inp.brk[-1]) + 1))
+            book = inp.chunk(
+                lo, hi, shift_ns=p * inp.span_ns, brk_shift=p * (int(inp.brk[-1]) + 1), gather=gather
+            )
             c1, t1 = cpu_seconds(), time.perf_counter()
             if out_buf is not None:
                 out, st = mod.snapshot_features(
@@ -286,6 +336,11 @@ def one_pass(inp: Input, chunk: int, impl: str = "current", passes: int = 1) -> 
             sw += t2 - t1
             sc += c2 - c1
             check += float(out[-1, 0])  # keep the result alive (and the run honest)
+            if digest is not None:
+                for a in (book.ts, book.bid_px, book.ask_px, book.bid_sz, book.ask_sz, book.bid_ct):
+                    digest.update(np.ascontiguousarray(a).tobytes())
+                digest.update(book.ask_ct.tobytes())
+                digest.update(np.ascontiguousarray(out).tobytes())
     return {"scan_wall_s": sw, "scan_cpu_s": sc, "gather_wall_s": gw, "gather_cpu_s": gc}
 
 
@@ -293,10 +348,19 @@ def _pin() -> None:
     os.sched_setaffinity(0, {0})
 
 
-def speed(rounds: int, compare: bool, max_rows: int | None) -> dict[str, Any]:
+def speed(rounds: int, compare: bool, max_rows: int | None, baseline: str | None = None) -> dict[str, Any]:
     _pin()
     inp = Input(max_rows)
     n = len(inp)
+    same = None
+    if baseline:
+        load_baseline(baseline)
+        digests = {impl: hashlib.sha256() for impl in ("current", "baseline")}
+        for impl, h in digests.items():
+            one_pass(inp, SPEED_CHUNK, impl, digest=h)
+        same = digests["current"].digest() == digests["baseline"].digest()
+        if not same:
+            raise AssertionError(f"bench_snapshot: outputs differ from the baseline {baseline}")
 
     def touch() -> dict[str, float]:
         c0, t0 = cpu_seconds(), time.perf_counter()
@@ -306,6 +370,8 @@ def speed(rounds: int, compare: bool, max_rows: int | None) -> dict[str, Any]:
     fns = {"current": lambda: one_pass(inp, SPEED_CHUNK, "current"), "read_floor": touch}
     if compare:
         fns["reference"] = lambda: one_pass(inp, SPEED_CHUNK, "reference")
+    if baseline:
+        fns["baseline"] = lambda: one_pass(inp, SPEED_CHUNK, "baseline")
     res = alternate(fns, rounds=rounds, warmup=1)
     out: dict[str, Any] = {
         "rows": n,
@@ -316,6 +382,10 @@ def speed(rounds: int, compare: bool, max_rows: int | None) -> dict[str, Any]:
         "pinned_cpus": sorted(os.sched_getaffinity(0)),
         "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),
     }
+    if baseline:
+        out["baseline_ref"] = baseline
+        out["baseline_commit"] = _BASELINE["commit"]
+        out["baseline_bit_identical"] = same
     for name, figs in res.items():
         d: dict[str, Any] = dict(figs)
         for k in ("scan", "gather"):
@@ -363,13 +433,15 @@ def memory(chunk: int, passes: int, max_rows: int | None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, rounds: int | None = None, compare: bool = False) -> dict[str, Any]:
+def run(
+    quick: bool = False, rounds: int | None = None, compare: bool = False, baseline: str | None = None
+) -> dict[str, Any]:
     max_rows = QUICK_ROWS if quick else None
     rows_arg = [str(max_rows)] if max_rows else ["0"]
     r = rounds or (3 if quick else 5)
     env = {"NUMBA_NUM_THREADS": "1"}
     load_before = [round(x, 2) for x in os.getloadavg()]
-    sp = in_subprocess(MODULE, "speed", str(r), "1" if compare else "0", *rows_arg, env=env)
+    sp = in_subprocess(MODULE, "speed", str(r), "1" if compare else "0", *rows_arg, baseline or "", env=env)
     mem = {
         f"chunk_{c}_x{p}": in_subprocess(MODULE, "memory", str(c), str(p), *rows_arg, env=env)
         for c in CHUNKS
@@ -420,16 +492,22 @@ def run(quick: bool = False, rounds: int | None = None, compare: bool = False) -
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "speed":
         rows = int(argv[3]) or None
-        res: dict[str, Any] = speed(int(argv[1]), argv[2] == "1", rows)
+        res: dict[str, Any] = speed(int(argv[1]), argv[2] == "1", rows, (argv[4:] or [""])[0] or None)
     elif argv and argv[0] == "memory":
         res = memory(int(argv[1]), int(argv[2]), int(argv[3]) or None)
     else:
         ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
         ap.add_argument("--quick", action="store_true")
         ap.add_argument("--compare", action="store_true", help="A B A B against the previous kernel")
+        ap.add_argument(
+            "--baseline",
+            default=None,
+            metavar="REF",
+            help="A B A B against the gather and scan of git revision REF (outputs checked equal)",
+        )
         ap.add_argument("--rounds", type=int, default=None)
         a = ap.parse_args(argv)
-        res = run(quick=a.quick, rounds=a.rounds, compare=a.compare)
+        res = run(quick=a.quick, rounds=a.rounds, compare=a.compare, baseline=a.baseline)
     import json
 
     print(json.dumps(res, default=str))

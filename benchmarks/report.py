@@ -625,7 +625,12 @@ def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
     ]
     rows = []
     label = {"current": "this commit", "reference": "previous kernel (test reference)"}
-    for impl in ("current", "reference"):
+    if sp.get("baseline_commit"):
+        ref, commit = sp["baseline_ref"], sp["baseline_commit"]
+        named = f"`{commit[:7]}`" if commit.startswith(ref) else f"`{ref}` ({commit[:7]})"
+        label["baseline"] = f"baseline {named}, outputs bit-identical"
+
+    for impl in ("current", "baseline", "reference"):
         d = sp.get(impl)
         if not d:
             continue

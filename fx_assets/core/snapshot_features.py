@@ -859,6 +859,22 @@ def _snapshot_nb(
     return 0
 
 
+@njit(cache=True, nogil=True)
+def _check_chunk_nb(ts, bid1, ask1):
+    """The chunk's preconditions in one pass: (first row whose ts is below the previous row's,
+    first row without a finite best bid and ask or crossed), each -1 if none."""
+    bad_ts = -1
+    bad_touch = -1
+    for i in range(ts.shape[0]):
+        if bad_ts < 0 and i > 0 and ts[i] < ts[i - 1]:
+            bad_ts = i
+        b = bid1[i]
+        a = ask1[i]
+        if bad_touch < 0 and not (math.isfinite(b) and math.isfinite(a) and a >= b):
+            bad_touch = i
+    return bad_ts, bad_touch
+
+
 def _inv_tick(tick: float) -> float:
     """1 / tick where the tick is a power of two (x / tick == x * (1 / tick) bit for bit), else 0."""
     m, _ = math.frexp(tick)
@@ -887,14 +903,15 @@ def snapshot_features(
         a = getattr(book, name)
         if a.ndim != 2 or a.shape[0] != n or a.shape[1] < lv or a.dtype != np.float64:
             raise FxDataError(f"snapshot chunk: {name} is {a.dtype} {a.shape}, want float64 [{n}, >= {lv}]")
-    if n and bool((np.diff(book.ts) < 0).any()):
-        raise FxDataError(
-            f"snapshot chunk: ts not time-ordered at row {int(np.flatnonzero(np.diff(book.ts) < 0)[0]) + 1}"
-        )
+    ts = np.ascontiguousarray(book.ts, dtype=np.int64)
     b1, a1 = book.bid_px[:, 0], book.ask_px[:, 0]
-    bad = ~(np.isfinite(b1) & np.isfinite(a1) & (a1 >= b1))
-    if bool(bad.any()):
-        j = int(np.flatnonzero(bad)[0])
+    # one compiled pass (the NumPy checks it replaces made six passes and temporaries: ~5% of
+    # the scan's time)
+    bad_ts, bad_touch = _check_chunk_nb(ts, b1, a1)
+    if bad_ts >= 0:
+        raise FxDataError(f"snapshot chunk: ts not time-ordered at row {bad_ts}")
+    if bad_touch >= 0:
+        j = int(bad_touch)
         raise FxDataError(
             f"snapshot chunk: row {j} has no best bid/ask or is crossed ({b1[j]!r} / {a1[j]!r})"
         )
@@ -915,7 +932,7 @@ def snapshot_features(
             f"[{n}, {nf}] with contiguous rows"
         )
     _snapshot_nb(
-        np.ascontiguousarray(book.ts, dtype=np.int64), np.ascontiguousarray(book.breaks, dtype=np.int64),
+        ts, np.ascontiguousarray(book.breaks, dtype=np.int64),
         np.ascontiguousarray(book.action, dtype=np.uint8), np.ascontiguousarray(book.side, dtype=np.int8),
         np.ascontiguousarray(book.size, dtype=np.float64),
         book.bid_px, book.ask_px, book.bid_sz, book.ask_sz, book.bid_ct, book.ask_ct,

@@ -199,6 +199,14 @@ def test_bad_chunks_are_refused_by_row() -> None:
     book.ts[9] = book.ts[8] - 1
     with pytest.raises(FxDataError, match="row 9"):
         snapshot_features(book, CFG)
+    book.bid_px[3, 0] = np.nan  # the ts check comes first, then the first row without a touch
+    with pytest.raises(FxDataError, match="time-ordered at row 9"):
+        snapshot_features(book, CFG)
+    book = make_book(50)
+    book.bid_px[31, 0] = np.nan
+    book.ask_px[40, 0] = np.inf
+    with pytest.raises(FxDataError, match="row 31 has no best bid/ask"):
+        snapshot_features(book, CFG)
     with pytest.raises(ValueError):
         SnapshotFeatureConfig(flow_windows=[0])
 
