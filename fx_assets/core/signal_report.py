@@ -47,7 +47,8 @@ Definitions (per row unit, over its validation rows in time order):
   and regime, so side-by-side intervals are paired.
   The three-class metrics use the same replicate row weights (weighted AUCs, weighted shares,
   weighted accuracy; a replicate's ``auc_macro`` is the mean of its three AUCs), so they are
-  paired with the binary ones too.
+  paired with the binary ones too; intervals (``_lo`` / ``_hi``) are given for ``acc3``,
+  ``auc_stationary``, ``auc_macro`` and ``share_stationary``.
 - **Empirical null band**: :func:`fx_assets.core.metrics.auc_block_null` (labels permuted in blocks
   of ``L`` rows, ``n_perm`` times): ``0.5 +- null_band_z * null_sd``; ``in_null_band`` says
   whether the AUC lies inside it. The stationary AUC gets its own band the same way
