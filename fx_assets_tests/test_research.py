@@ -276,3 +276,86 @@ def test_report_depends_on_the_trained_model_in_the_asset_graph(tmp_path: Path) 
     )
     graph = defs.resolve_asset_graph()
     assert dg.AssetKey("trained_model") in graph.get(dg.AssetKey("signal_report")).parent_keys
+
+
+@pytest.mark.slow
+def test_report_shows_a_three_class_mlp_on_snapshot_rows(market3: Path, tmp_path: Path) -> None:
+    """Snapshot rows, Q2 fold, an MLP with ``snapshot_zero: three_class`` (2 epochs): the report
+    reads its class probabilities from ``val_predictions.npz`` and shows its three-class metrics
+    (stationary AUC, 3-class accuracy, macro AUC, class shares) beside the binary baselines, whose
+    three-class columns say n/a; the fold file and the stitched report carry them too. Slow: the
+    snapshot feature stages of two quarters come first (minutes on a loaded 2-core machine)."""
+    import json
+
+    import numpy as np
+
+    from fx_assets.core.signal_inputs import FoldSignal
+    from fx_assets.resources.training import DeviceFxCacheLoader, FoldsConfig, TrainerConfig, TrainingConfig
+
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    defs = build_definitions(
+        ProjectSettings(data_root=root, first_quarter=Q1, last_quarter=Q2, train_quarters=1)
+    )
+    pk = partition_key(Q2, "ES.FUT")
+    pipeline = PipelineConfig(fxcache=FxCacheWriteConfig(row_unit="snapshot"))
+    training = TrainingConfig(
+        folds=FoldsConfig(train_quarters=1),
+        train=TrainerConfig.model_validate(
+            {
+                "trainer": "mlp",
+                "epochs": 2,
+                "hidden": [8],
+                "snapshot_horizons": [5, 10, 20],
+                "train_horizon": 10,
+                "snapshot_zero": "three_class",
+            }
+        ),
+    )
+    res = {**dict(defs.resources or {}), "research": SMALL, "training": training, "pipeline": pipeline}
+    res["fxcache_loader"] = DeviceFxCacheLoader(storage=res["storage"], pipeline=pipeline)
+    with dg.instance_for_test() as inst:
+        for q in (Q1, Q2):
+            _run(defs, inst, res, list(FEATURE_STAGES), partition_key(q, "ES.FUT"))
+        _run(defs, inst, res, ["fold_ranges", "trained_model"], pk)
+        obs = inst.fetch_observations(dg.AssetKey("trained_model"), limit=1).records[0]
+        model_meta = obs.event_log_entry.asset_observation.metadata  # type: ignore[union-attr]
+        pred = np.load(str(model_meta["val_predictions"].value))
+        assert pred["proba"].shape == (pred["ts"].size, 3)
+        m = _meta(_run(defs, inst, res, ["signal_report"], pk), "signal_report")
+        st = _meta(_run(defs, inst, res, ["signal_report_stitched"], None), "signal_report_stitched")
+    assert m["trained_model"].startswith("trained_mlp ")
+    assert m["trained_model_labels"] == {
+        "zero_handling": "three_class",
+        "stationary_share": None,
+        "train_horizon": 10,
+    }
+    three = m["three_class_by_horizon"]
+    assert set(three) == {"snapshot|trained_mlp"}  # the baselines are binary
+    assert sorted(int(h) for h in three["snapshot|trained_mlp"]) == [5, 10, 20, 50]
+    for v in three["snapshot|trained_mlp"].values():
+        assert (
+            0.0 <= v["acc3"] <= 1.0
+            and 0.0 <= v["auc_stationary"] <= 1.0
+            and 0.0 < v["share_stationary"] < 1.0
+        )
+    assert "## Three-class by horizon" in m["report"] and "n/a (binary)" in m["report"]
+    assert "stat AUC" in m["report"]
+    sig = FoldSignal.load(Path(m["path"]) / "fold_signal.npz")
+    np.testing.assert_array_equal(sig.probabilities["trained_mlp"], pred["proba"])
+    assert set(sig.probabilities) == {"trained_mlp"}
+    assert all((sig.labels[h] == 0).any() for h in sig.labels)  # zero moves are class 0 now
+    doc = json.loads((Path(m["path"]) / "signal_report.json").read_text())
+    c10 = next(
+        c for c in doc["cells"] if (c["model"], c["horizon"], c["regime"]) == ("trained_mlp", 10, "all")
+    )
+    y = sig.labels[10]
+    d = np.isfinite(y)
+    k = np.where(y[d] > 0, 0, np.where(y[d] < 0, 2, 1))
+    assert c10["n3"] == int(d.sum())
+    assert c10["acc3"] == pytest.approx(float((np.argmax(pred["proba"][d], axis=1) == k).mean()))
+    assert c10["share_stationary"] == pytest.approx(float((k == 1).mean()))
+    gbt = [c for c in doc["cells"] if c["model"] == "gbt"]
+    assert all(c["acc3"] is None and c["auc_stationary"] is None for c in gbt)
+    assert "ES.FUT_snapshot_three_class_by_horizon" in st
+    assert "## Three-class by horizon" in st["ES.FUT_snapshot_report"]

@@ -5,7 +5,9 @@ unpartitioned ``signal_report_stitched``.
 its ``fold_ranges``, derives labels per horizon and regime variables, fits the LightGBM baseline
 on a sample of the training rows and reports out-of-sample AUC / accuracy of it, of the
 level-1-imbalance baseline and of the fold's ``trained_model`` (:mod:`fx_assets.core.signal_inputs`,
-:mod:`fx_assets.core.signal_report`). Its files (``fold_signal.npz``, ``signal_report.md/.png/
+:mod:`fx_assets.core.signal_report`); a three-class MLP's class probabilities (``proba`` of its
+``val_predictions.npz``) add its three-class metrics (metadata ``three_class_by_horizon``, the
+model's zero handling in ``trained_model_labels``). Its files (``fold_signal.npz``, ``signal_report.md/.png/
 .json``) lie under a keyed folder: the key covers the fold ranges, the fxcache files (so the row
 unit and feature stack), the ``research`` resource and the trained model's key.
 ``signal_report_stitched`` concatenates every fold's validation rows per row unit, for each row
@@ -55,10 +57,15 @@ def with_row_unit(pipeline: PipelineConfig, row_unit: str) -> PipelineConfig:
 
 
 class FoldModel:
-    """The fold's trained model as the report uses it: key, ``val_predictions.npz``, trainer."""
+    """The fold's trained model as the report uses it: key, ``val_predictions.npz``, trainer and
+    ``labels``: how its snapshot labels treat a zero move (``zero_handling``, the dead band's
+    ``stationary_share``; empty for bar rows), shown beside its three-class metrics."""
 
-    def __init__(self, key: str, predictions: Path, trainer: str) -> None:
+    def __init__(
+        self, key: str, predictions: Path, trainer: str, labels: dict[str, Any] | None = None
+    ) -> None:
         self.key, self.predictions, self.trainer = key, predictions, trainer
+        self.labels = labels or {}
 
     @property
     def name(self) -> str:
@@ -80,7 +87,33 @@ def fold_model(
     done, preds = mdir / "checkpoint.json", mdir / "val_predictions.npz"
     if not (done.is_file() and preds.is_file()) or load_build_metadata(done) is None:
         return None
-    return FoldModel(mkey, preds, str(json.loads(done.read_text())["config"]["trainer"]))
+    config = json.loads(done.read_text())["config"]
+    labels = (
+        {
+            "zero_handling": config.get("snapshot_zero"),
+            "stationary_share": config.get("snapshot_stationary_share"),
+            "train_horizon": config.get("train_horizon"),
+        }
+        if config.get("row_unit") == "snapshot"
+        else {}
+    )
+    return FoldModel(mkey, preds, str(config["trainer"]), labels)
+
+
+def three_class_by_horizon(rep: Any) -> dict[str, dict[str, dict[str, float]]]:
+    """``{"unit|model": {h: {acc3, auc_stationary, auc_macro, share_stationary}}}`` of the models
+    with class probabilities (empty when none has them)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (u, m), cs in rep.curves().items():
+        if all(c.three_class for c in cs):
+            out[f"{u}|{m}"] = {
+                str(c.horizon): {
+                    k: round(float(getattr(c, k)), 5)
+                    for k in ("acc3", "auc_stationary", "auc_macro", "share_stationary")
+                }
+                for c in cs
+            }
+    return out
 
 
 def report_dir(
@@ -130,7 +163,12 @@ def make_research_assets(
         fxcache_loader: dg.ResourceParam[DeviceFxCacheLoader],
     ) -> dg.MaterializeResult:
         from fx_assets.core.folds import FoldRange
-        from fx_assets.core.signal_inputs import fold_signal, report_inputs, trained_predictions
+        from fx_assets.core.signal_inputs import (
+            fold_signal,
+            report_inputs,
+            trained_predictions,
+            trained_probabilities,
+        )
         from fx_assets.core.signal_report import signal_report as build_report
 
         part = context_partition(context)
@@ -156,10 +194,13 @@ def make_research_assets(
             sig = fold_signal(paths, fr, labels_cfg, gbt_cfg, tick=pipeline.snapshot.tick_size)
             if model is not None:
                 sig = sig.with_model(
-                    model.name, trained_predictions(model.predictions, sig.val_ts, model.trainer)
+                    model.name,
+                    trained_predictions(model.predictions, sig.val_ts, model.trainer),
+                    trained_probabilities(model.predictions, sig.val_ts),  # None: a binary model
                 )
             sig.save(folder / FOLD_FILE)
-            rep = build_report(*report_inputs({sig.row_unit: sig}), report_cfg)
+            preds, units, proba = report_inputs({sig.row_unit: sig})
+            rep = build_report(preds, units, report_cfg, probabilities=proba)
         except FxDataError as exc:
             raise dg.Failure(f"{part.label}: {exc}") from exc
         files = rep.write(folder)
@@ -184,6 +225,11 @@ def make_research_assets(
                 }
             ),
         }
+        if model is not None and model.labels:
+            meta["trained_model_labels"] = dg.MetadataValue.json(model.labels)
+        three = three_class_by_horizon(rep)
+        if three:
+            meta["three_class_by_horizon"] = dg.MetadataValue.json(three)
         save_build_metadata(md_path, meta)  # written last: its presence marks the report complete
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key[:24]))
 
@@ -244,7 +290,8 @@ def make_research_assets(
                 if dropped:
                     context.log.warning(f"{symbol} {unit}: {dropped} not in every fold, left out")
                 sig = stitch_signals([f.without_models(sorted(keep)) for f in folds])
-                rep = build_report(*report_inputs({unit: sig}), report_cfg)
+                preds, units_in, proba = report_inputs({unit: sig})
+                rep = build_report(preds, units_in, report_cfg, probabilities=proba)
                 out_keys += [qs[q][0] for q in common]
                 sections.append((symbol, unit, common, rep))
         if not sections:
@@ -258,6 +305,9 @@ def make_research_assets(
             name = f"{symbol}_{unit}"
             meta[f"{name}_decay"] = png_markdown(png, f"{symbol} {unit} rows: AUC by horizon")
             meta[f"{name}_report"] = dg.MetadataValue.md(files["md"].read_text())
+            three = three_class_by_horizon(rep)
+            if three:
+                meta[f"{name}_three_class_by_horizon"] = dg.MetadataValue.json(three)
             index.append(f"- {symbol}, {unit} rows: quarters {', '.join(common)} ({files['md'].name})")
         atomic_write_text(folder / "index.md", "\n".join(index) + "\n")
         meta = {

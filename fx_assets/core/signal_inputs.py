@@ -13,12 +13,15 @@ a label is undefined (NaN) where its window leaves its slice; no training label 
 ``train_end``, whatever the fold's purge (the purge of ``fold_ranges`` counts bar-unit labels).
 
 - ``snapshot`` rows: :func:`fx_assets.core.snapshot_labels.snapshot_labels` on the exact f64
-  ``mid`` of the price block (unsmoothed sign ``h`` updates ahead, zero moves excluded, no dead
-  band), breaks = changes of ``session`` or ``contract``; horizons ``snapshot_horizons`` (rows).
+  ``mid`` of the price block (unsmoothed sign ``h`` updates ahead, no dead band), breaks =
+  changes of ``session`` or ``contract``; horizons ``snapshot_horizons`` (rows). Validation
+  labels keep a zero move as class 0 (stationary; ``zero="three_class"``): the report leaves
+  those rows out of its up-vs-down metrics and scores them in its three-class ones; the
+  training labels (the GBT's fit) exclude them (NaN), as before.
 - ``bar`` rows: the trainers' label, the sign of ``ln close[j+d+h] - ln close[j+d]``
   (:func:`fx_assets.core.labels.forward_log_return`, entry lag ``d = bar_entry_lag``), NaN when
-  the window spans a contract change (the trainers' roll mask) and 0 moves excluded; horizons
-  ``bar_horizons`` (bars).
+  the window spans a contract change (the trainers' roll mask) and 0 moves excluded (NaN: no
+  bar model has a stationary class); horizons ``bar_horizons`` (bars).
 - ``zero_share[h]``: zero moves among the validation rows whose change is defined.
 
 Regime variables (columns of the file, see :data:`REGIME_COLUMNS`): spread (snapshot
@@ -49,7 +52,14 @@ Models (P(up) per validation row):
   every horizon (the model is trained at one horizon): the MLP's P(up) as it is, the DQN's
   ``Q(long) - Q(short)`` from flat through the logistic function (monotone, so the AUC is the
   score's; accuracy counts ``Q(long) > Q(short)`` as "up"). Its rows must be the report's
-  validation rows (same count, same timestamps in order), else :class:`FxDataError`.
+  validation rows (same count, same timestamps in order), else :class:`FxDataError`. A
+  three-class MLP (``snapshot_zero='three_class'``) also stored ``proba`` (``[n, 3]`` P(up),
+  P(stationary), P(down)): :func:`trained_probabilities` reads it and
+  :attr:`FoldSignal.probabilities` carries it (saved, loaded, stitched) to the report's
+  three-class metrics. Its stationary class is its training labels' (``|change| <= alpha``, the
+  trainer's dead band; a zero move when ``snapshot_stationary_share`` is None, the default);
+  the report's stationary class is the zero move, so with a dead band the two differ (the
+  report's metadata names the model's ``zero_handling`` and dead band).
 """
 
 from __future__ import annotations
@@ -58,7 +68,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -74,6 +84,7 @@ from fx_assets.core.trainers.gbt import GbtConfig, train_gbt
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+ZeroHandling = Literal["exclude", "three_class"]
 
 #: regime name -> column, per row unit (module docstring)
 REGIME_COLUMNS: dict[str, dict[str, str]] = {
@@ -132,7 +143,7 @@ class FoldSignal:
     row_unit: str
     name: str  # the fold (validation quarter label)
     val_ts: I64
-    labels: dict[int, F64]  # validation rows
+    labels: dict[int, F64]  # validation rows: +1 / -1 / 0 (a snapshot zero move) / NaN undefined
     n_zero: dict[int, int]  # zero moves among the defined validation changes
     n_defined: dict[int, int]
     clock_ns: dict[int, float]
@@ -140,6 +151,8 @@ class FoldSignal:
     regimes_train: dict[str, F64]
     predictions: dict[str, dict[int, F64]]  # model -> horizon -> P(up)
     info: dict[str, Any] = field(default_factory=dict)  # figures for metadata (JSON-able)
+    # model -> [n_val, 3] P(up), P(stationary), P(down) for every horizon (three-class models only)
+    probabilities: dict[str, F64] = field(default_factory=dict)
 
     def unit_data(self) -> RowUnitData:
         return RowUnitData(
@@ -152,18 +165,35 @@ class FoldSignal:
             clock_ns=self.clock_ns,
         )
 
-    def with_model(self, name: str, proba: F64) -> FoldSignal:
-        """This fold with one more model, scoring every horizon with ``proba`` (per validation row)."""
+    def with_model(self, name: str, proba: F64, classes: F64 | None = None) -> FoldSignal:
+        """This fold with one more model, scoring every horizon with ``proba`` (per validation
+        row); ``classes``: its ``[n, 3]`` class probabilities (a three-class model), if any."""
         if proba.shape != self.val_ts.shape:
             raise FxDataError(f"{name}: {proba.shape} predictions for {self.val_ts.size} validation rows")
-        return replace(self, predictions={**self.predictions, name: {h: proba for h in self.labels}})
+        probs = {m: p for m, p in self.probabilities.items() if m != name}
+        if classes is not None:
+            if classes.shape != (self.val_ts.size, 3):
+                raise FxDataError(
+                    f"{name}: class probabilities of shape {classes.shape} for {self.val_ts.size} validation rows"
+                )
+            probs[name] = classes
+        return replace(
+            self, predictions={**self.predictions, name: {h: proba for h in self.labels}}, probabilities=probs
+        )
 
     def without_models(self, keep: Sequence[str]) -> FoldSignal:
         """This fold with only the models in ``keep``."""
-        return replace(self, predictions={m: p for m, p in self.predictions.items() if m in keep})
+        return replace(
+            self,
+            predictions={m: p for m, p in self.predictions.items() if m in keep},
+            probabilities={m: p for m, p in self.probabilities.items() if m in keep},
+        )
 
     def report_predictions(self) -> dict[tuple[str, str], dict[int, F64]]:
         return {(self.row_unit, m): p for m, p in self.predictions.items()}
+
+    def report_probabilities(self) -> dict[tuple[str, str], F64]:
+        return {(self.row_unit, m): p for m, p in self.probabilities.items()}
 
     def save(self, path: Path) -> Path:
         """One ``.npz`` (atomic)."""
@@ -179,6 +209,8 @@ class FoldSignal:
         for m, ph in self.predictions.items():
             for h, p in ph.items():
                 arrays[f"pred_{m}__{h}"] = p
+        for m, pr in self.probabilities.items():
+            arrays[f"proba_{m}"] = pr
         head = {
             "row_unit": self.row_unit,
             "name": self.name,
@@ -203,6 +235,7 @@ class FoldSignal:
             rv: dict[str, F64] = {}
             rt: dict[str, F64] = {}
             pred: dict[str, dict[int, F64]] = {}
+            proba: dict[str, F64] = {}
             for k in z.files:
                 if k.startswith("label_"):
                     labels[int(k[6:])] = z[k]
@@ -213,6 +246,8 @@ class FoldSignal:
                 elif k.startswith("pred_"):
                     m, h = k[5:].rsplit("__", 1)
                     pred.setdefault(m, {})[int(h)] = z[k]
+                elif k.startswith("proba_"):
+                    proba[k[6:]] = z[k]
             val_ts = z["val_ts"]
         return cls(
             row_unit=head["row_unit"],
@@ -226,6 +261,7 @@ class FoldSignal:
             regimes_train=rt,
             predictions={m: dict(sorted(p.items())) for m, p in sorted(pred.items())},
             info=head["info"],
+            probabilities=dict(sorted(proba.items())),
         )
 
 
@@ -252,6 +288,31 @@ def trained_predictions(path: Path | str, val_ts: npt.ArrayLike, trainer: str) -
     raise FxDataError(f"{path}: unknown trainer {trainer!r}")
 
 
+def trained_probabilities(path: Path | str, val_ts: npt.ArrayLike) -> F64 | None:
+    """The ``[n, 3]`` class probabilities P(up), P(stationary), P(down) of a three-class model per
+    validation row, from its ``val_predictions.npz`` (``proba``; None when the file has none: a
+    binary model), checked to be row for row the report's validation rows ``val_ts`` and to be
+    probabilities (finite, in [0, 1], each row summing to 1)."""
+    from fx_assets.core.signal_report import PROBA_SUM_TOL
+
+    with np.load(Path(path)) as z:
+        if "proba" not in z.files:
+            return None
+        ts, proba = np.asarray(z["ts"], dtype=np.int64), np.asarray(z["proba"], dtype=np.float64)
+    want = np.asarray(val_ts, dtype=np.int64)
+    if proba.shape != (want.size, 3) or ts.shape != want.shape or not np.array_equal(ts, want):
+        raise FxDataError(
+            f"{path}: the model's class probabilities {proba.shape} are not the report's {want.size} "
+            "validation rows x (up, stationary, down)"
+        )
+    bad = ~np.isfinite(proba).all(axis=1) | (proba < 0).any(axis=1) | (proba > 1).any(axis=1)
+    bad |= np.abs(proba.sum(axis=1) - 1.0) > PROBA_SUM_TOL
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise FxDataError(f"{path}: row {j}'s class probabilities {proba[j].tolist()} do not sum to 1")
+    return proba
+
+
 def stitch_signals(folds: Sequence[FoldSignal]) -> FoldSignal:
     """Folds of one row unit, validation rows concatenated in time order; regime edges then come
     from the training rows of every fold together; a horizon's clock is the median of the folds'."""
@@ -263,9 +324,15 @@ def stitch_signals(folds: Sequence[FoldSignal]) -> FoldSignal:
         raise FxDataError(f"stitch_signals: folds of several row units {sorted(units)}")
     hs = list(fs[0].labels)
     models = list(fs[0].predictions)
+    three = sorted(fs[0].probabilities)
     for f in fs:
         if list(f.labels) != hs or list(f.predictions) != models:
             raise FxDataError(f"stitch_signals: fold {f.name} has other horizons or models than {fs[0].name}")
+        if sorted(f.probabilities) != three:  # a model is three-class in every fold or in none
+            raise FxDataError(
+                f"stitch_signals: fold {f.name} has class probabilities of {sorted(f.probabilities)}, "
+                f"fold {fs[0].name} of {three}"
+            )
 
     def cat(get: Any) -> F64:
         return np.concatenate([get(f) for f in fs])
@@ -282,6 +349,7 @@ def stitch_signals(folds: Sequence[FoldSignal]) -> FoldSignal:
         regimes_train={k: cat(lambda f, k=k: f.regimes_train[k]) for k in fs[0].regimes_train},
         predictions={m: {h: cat(lambda f, m=m, h=h: f.predictions[m][h]) for h in hs} for m in models},
         info={"folds": [f.name for f in fs]},
+        probabilities={m: np.concatenate([f.probabilities[m] for f in fs]) for m in three},
     )
 
 
@@ -340,8 +408,9 @@ class _Rows:
 
 
 def _snapshot_labels(
-    mid: F64, session: F64, contract: F64, tick: float, horizons: list[int]
+    mid: F64, session: F64, contract: F64, tick: float, horizons: list[int], zero: ZeroHandling
 ) -> dict[int, tuple[F64, F64]]:
+    """(change, class) per horizon; a zero move's class is NaN (``exclude``) or 0 (``three_class``)."""
     import torch
 
     from fx_assets.core import snapshot_labels as sl
@@ -350,7 +419,7 @@ def _snapshot_labels(
         torch.from_numpy(np.ascontiguousarray(mid)),
         tick,
         mid.size,
-        sl.SnapshotLabelConfig(horizons=horizons),
+        sl.SnapshotLabelConfig(horizons=horizons, zero=zero),
         sl.running_breaks(session, contract),
     )
     return {lab.horizon: (lab.change.numpy(), lab.classes.numpy()) for lab in labs}
@@ -432,16 +501,17 @@ def _fold_signal(
     reg_names = list(REGIME_COLUMNS[unit])
     reg_cols = [REGIME_COLUMNS[unit][k] for k in reg_names]
 
-    def slice_labels(lo: int, hi: int) -> tuple[dict[int, tuple[F64, F64]], F64]:
+    def slice_labels(lo: int, hi: int, zero: ZeroHandling) -> tuple[dict[int, tuple[F64, F64]], F64]:
         px = rows.take(np.arange(lo, hi), price_cols)
         if unit == "snapshot":
-            return _snapshot_labels(px[:, 0], px[:, 2], px[:, 1], tick, hs), px
+            return _snapshot_labels(px[:, 0], px[:, 2], px[:, 1], tick, hs, zero), px
         return _bar_labels(px[:, 0], px[:, 1], hs, labels_cfg.bar_entry_lag), px
 
     if fr.n_train <= 0 or fr.n_val <= 0:
         raise FxDataError(f"fold {fr.name}: empty training or validation slice")
-    train_labels, _ = slice_labels(fr.train_start, fr.train_end)
-    val_labels, val_px = slice_labels(fr.val_start, fr.val_end)
+    # the GBT fits up against down (zero moves out); the validation labels keep them as class 0
+    train_labels, _ = slice_labels(fr.train_start, fr.train_end, "exclude")
+    val_labels, val_px = slice_labels(fr.val_start, fr.val_end, "three_class")
     tr_idx = _training_rows(fr, gbt_cfg)
     feats = rows.value_names
     x_tr = rows.take(tr_idx, feats)
@@ -513,11 +583,14 @@ def _fold_signal(
 
 def report_inputs(
     signals: Mapping[str, FoldSignal],
-) -> tuple[dict[tuple[str, str], dict[int, F64]], dict[str, RowUnitData]]:
-    """``signal_report``'s two arguments from one :class:`FoldSignal` per row unit."""
+) -> tuple[dict[tuple[str, str], dict[int, F64]], dict[str, RowUnitData], dict[tuple[str, str], F64]]:
+    """``signal_report``'s inputs from one :class:`FoldSignal` per row unit: predictions, units
+    and class probabilities (``signal_report(preds, units, cfg, probabilities=proba)``)."""
     preds: dict[tuple[str, str], dict[int, F64]] = {}
     units: dict[str, RowUnitData] = {}
+    proba: dict[tuple[str, str], F64] = {}
     for u, s in signals.items():
         preds.update(s.report_predictions())
+        proba.update(s.report_probabilities())
         units[u] = s.unit_data()
-    return preds, units
+    return preds, units, proba

@@ -9,10 +9,29 @@ all three atomically). Pure computation, no Dagster.
 
 Definitions (per row unit, over its validation rows in time order):
 
-- **labels** per horizon h: +1 up / -1 down; 0 or NaN rows (zero moves excluded by
-  ``snapshot_labels(zero="exclude")``, undefined at the slice end) are left out of every metric;
-  the share of zero moves is reported beside the horizon (``zero_share``, from the caller).
-- **AUC** of the predicted P(up) for ``label == +1``; **accuracy** of ``P(up) > 0.5`` for the sign.
+- **labels** per horizon h: +1 up / -1 down / 0 stationary (a zero move) / NaN undefined
+  (the window leaves the slice or spans a break; or a zero move the caller excluded). The
+  share of zero moves is reported beside the horizon (``zero_share``, from the caller).
+- **AUC** (binary, every model) of the predicted score P(up) for ``label == +1`` over the rows
+  labelled +1 or -1 (0 and NaN rows left out); **accuracy** of ``P(up) > 0.5`` for the sign,
+  over the same rows; ``n`` counts them.
+- **Three-class metrics** (only for a ``(row_unit, model)`` given ``probabilities``: P(up),
+  P(stationary), P(down) per row, in the order of :data:`CLASSES`; every other model has them
+  None, never a number). Over the rows with a defined label (+1, 0 or -1; NaN rows left out),
+  ``n3`` of them, true class k(row) = up / stationary / down for label +1 / 0 / -1:
+
+  - ``acc3``: share of rows whose argmax probability is the true class (ties go to the first of
+    up, stationary, down);
+  - ``auc_stationary``: the one-vs-rest AUC of P(stationary) for ``label == 0`` against
+    ``label == +1 or -1`` (ties: half credit; NaN when either side is empty);
+  - ``auc_macro``: the mean of the three one-vs-rest AUCs (P(up) for up against the rest,
+    P(stationary) for stationary, P(down) for down); NaN when a class is absent from the rows;
+  - ``share_up`` / ``share_stationary`` / ``share_down``: the class shares of the true labels
+    over those rows (a property of the labels, the same for every model of the unit; on "all"
+    ``share_stationary`` is ``zero_share`` when the caller labels zero moves 0).
+
+  The binary columns of such a model stay as above (its score against up / down), so a binary
+  and a three-class model sit side by side.
 - **Regime quintiles**: for each regime variable (e.g. spread, realised volatility, event rate)
   the quintile edges are the 20/40/60/80% quantiles of its values on the **training rows only**
   (``RowUnitData.regimes_train``); validation rows fall into quintile ``q`` when
@@ -26,9 +45,20 @@ Definitions (per row unit, over its validation rows in time order):
   at least the longest horizon (``block_factor >= 1``, validated); an iid bootstrap (L = 1) covers
   far too rarely (tested). One set of replicate weights per row unit serves every model, horizon
   and regime, so side-by-side intervals are paired.
+  The three-class metrics use the same replicate row weights (weighted AUCs, weighted shares,
+  weighted accuracy; a replicate's ``auc_macro`` is the mean of its three AUCs), so they are
+  paired with the binary ones too; intervals (``_lo`` / ``_hi``) are given for ``acc3``,
+  ``auc_stationary``, ``auc_macro`` and ``share_stationary``.
 - **Empirical null band**: :func:`fx_assets.core.metrics.auc_block_null` (labels permuted in blocks
   of ``L`` rows, ``n_perm`` times): ``0.5 +- null_band_z * null_sd``; ``in_null_band`` says
-  whether the AUC lies inside it.
+  whether the AUC lies inside it. The stationary AUC gets its own band the same way
+  (``stationary_null_sd``, ``stationary_null_p``, ``stationary_in_null_band``): the stationary
+  indicator ``label == 0`` (against ``label == +1 or -1``) is block-permuted against P(stationary);
+  it costs one more rank-sum pass per permutation and horizon, as the binary band does. The
+  stationary class clusters in time (quiet stretches of the book), so ``1/sqrt(n)`` would
+  understate its null spread as it does for up / down. ``auc_macro`` has no band (its three
+  one-vs-rest AUCs share the rows, so their nulls are not independent); read the stationary
+  and the binary bands.
 """
 
 from __future__ import annotations
@@ -53,6 +83,12 @@ from fx_assets.core.errors import FxDataError
 
 F64 = npt.NDArray[np.float64]
 Predictions = npt.ArrayLike | Mapping[int, npt.ArrayLike]  # one score for all horizons, or per horizon
+#: [n, 3] class probabilities for all horizons, or per horizon
+Probabilities = npt.ArrayLike | Mapping[int, npt.ArrayLike]
+#: the column order of three-class probabilities and the label of each class
+CLASSES = ("up", "stationary", "down")
+CLASS_LABELS = (1.0, 0.0, -1.0)
+PROBA_SUM_TOL = 1e-4  # |sum of a row's three probabilities - 1| allowed (float32 softmax)
 
 
 class SignalReportConfig(ConfigModel):
@@ -115,6 +151,30 @@ class Cell:
     null_sd: float = math.nan  # "all" only
     null_p: float = math.nan
     in_null_band: bool | None = None
+    # three-class metrics (module docstring): None for a model without class probabilities
+    n3: int | None = None  # rows with a defined label (up, stationary or down)
+    acc3: float | None = None
+    acc3_lo: float | None = None
+    acc3_hi: float | None = None
+    auc_stationary: float | None = None
+    auc_stationary_lo: float | None = None
+    auc_stationary_hi: float | None = None
+    auc_macro: float | None = None
+    auc_macro_lo: float | None = None
+    auc_macro_hi: float | None = None
+    share_up: float | None = None
+    share_stationary: float | None = None
+    share_stationary_lo: float | None = None
+    share_stationary_hi: float | None = None
+    share_down: float | None = None
+    stationary_null_sd: float | None = None  # "all" only
+    stationary_null_p: float | None = None
+    stationary_in_null_band: bool | None = None
+
+    @property
+    def three_class(self) -> bool:
+        """Whether this cell's model gave class probabilities (its three-class fields are set)."""
+        return self.n3 is not None
 
 
 @dataclass
@@ -150,9 +210,11 @@ class SignalReport:
 
     def markdown(self) -> str:
         """Tables: AUC / accuracy by horizon (models and row units side by side), then AUC by
-        regime bin at every horizon."""
+        regime bin at every horizon; when a model gave class probabilities, a three-class table
+        follows each of these (binary models: "n/a")."""
         keys = list(self.curves())
         head = " | ".join(f"{u} · {m}" for u, m in keys)
+        three = any(c.three_class for c in self.cells)
         lvl = round(self.config["level"] * 100)
         lines = [
             "# Signal report",
@@ -160,6 +222,18 @@ class SignalReport:
             f"Out-of-sample AUC [{lvl}% moving-block-bootstrap interval, block {self.block} rows], "
             "accuracy, labelled rows n, zero-move share; `*` marks an AUC outside the empirical-null "
             f"band (0.5 ± {self.config['null_band_z']} null sd, block-permuted labels).",
+        ]
+        if three:
+            lines += [
+                "",
+                "Three-class tables (models with P(up), P(stationary), P(down); binary models n/a), "
+                "over the rows labelled up, stationary (zero move) or down (n3): acc3 = share whose "
+                "most probable class is the true one; stat AUC = P(stationary) for the zero moves "
+                "against the moves (`*`: outside its own null band); macro AUC = mean of the three "
+                "one-vs-rest AUCs; up / stat / down = class shares of the true labels "
+                f"(intervals: the same {lvl}% bootstrap).",
+            ]
+        lines += [
             "",
             "## By horizon",
             "",
@@ -179,28 +253,51 @@ class SignalReport:
                     f"n {c.n}; zero {c.zero_share:.3f}"
                 )
             lines.append(f"| {h} | {clock} | " + " | ".join(row) + " |")
+        if three:
+            lines += [
+                "",
+                "## Three-class by horizon",
+                "",
+                f"| h (rows) | {head} |",
+                "|---|" + "---|" * len(keys),
+            ]
+            for h in self.horizons:
+                lines.append(f"| {h} | " + " | ".join(_three_txt(self.cell(u, m, h)) for u, m in keys) + " |")
         regimes = sorted({c.regime for c in self.cells if c.regime != "all"})
         for rg in regimes:
             lines += ["", f"## By {rg} bin (edges from training rows)", ""]
             for h in self.horizons:
-                lines += [f"h = {h}", "", f"| bin | range | {head} |", "|---|---|" + "---|" * len(keys)]
                 bins = sorted({c.bin for c in self.cells if c.regime == rg})
-                for b in bins:
-                    row, rng_txt = [], ""
-                    for u, m in keys:
-                        try:
-                            c = self.cell(u, m, h, rg, b)
-                        except KeyError:
-                            row.append("–")
-                            continue
-                        rng_txt = f"[{c.lo_edge:.4g}, {c.hi_edge:.4g})"
-                        row.append(f"{c.auc:.4f} [{c.auc_lo:.4f}, {c.auc_hi:.4f}]; acc {c.acc:.4f}; n {c.n}")
-                    lines.append(f"| {b} | {rng_txt} | " + " | ".join(row) + " |")
-                lines.append("")
+                tables = [("", False)] + ([(", three-class", True)] if three else [])
+                for suffix, tc in tables:
+                    lines += [
+                        f"h = {h}{suffix}",
+                        "",
+                        f"| bin | range | {head} |",
+                        "|---|---|" + "---|" * len(keys),
+                    ]
+                    for b in bins:
+                        row, rng_txt = [], ""
+                        for u, m in keys:
+                            try:
+                                c = self.cell(u, m, h, rg, b)
+                            except KeyError:
+                                row.append("–")
+                                continue
+                            rng_txt = f"[{c.lo_edge:.4g}, {c.hi_edge:.4g})"
+                            if tc:
+                                row.append(_three_txt(c))
+                            else:
+                                row.append(
+                                    f"{c.auc:.4f} [{c.auc_lo:.4f}, {c.auc_hi:.4f}]; acc {c.acc:.4f}; n {c.n}"
+                                )
+                        lines.append(f"| {b} | {rng_txt} | " + " | ".join(row) + " |")
+                    lines.append("")
         return "\n".join(lines) + "\n"
 
     def decay_png(self, title: str = "AUC by horizon") -> bytes:
-        """PNG of the horizon-decay curves (AUC with bootstrap bars; grey: the null band)."""
+        """PNG of the horizon-decay curves (AUC with bootstrap bars; grey: the null band; dashed:
+        a three-class model's stationary AUC)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -212,9 +309,15 @@ class SignalReport:
             h = np.array([c.horizon for c in cs], dtype=np.float64) * (1.0 + 0.03 * i)  # dodge bars
             a = np.array([c.auc for c in cs])
             err = np.array([[c.auc - c.auc_lo for c in cs], [c.auc_hi - c.auc for c in cs]])
-            ax.errorbar(
+            eb = ax.errorbar(
                 h, a, yerr=np.maximum(err, 0.0), marker="o", ms=3, lw=1.0, capsize=2, label=f"{u} · {m}"
             )
+            if all(c.three_class for c in cs):  # the stationary AUC beside it, dashed
+                st = np.array([c.auc_stationary for c in cs], dtype=np.float64)
+                ax.plot(
+                    h, st, ls="--", marker="s", ms=3, lw=1.0, color=eb.lines[0].get_color(),
+                    label=f"{u} · {m}: stationary AUC",
+                )  # fmt: skip
             band = np.array([self.config["null_band_z"] * c.null_sd for c in cs])
             if np.isfinite(band).any():
                 ax.fill_between(h, 0.5 - band, 0.5 + band, color="#999", alpha=0.15, lw=0)
@@ -247,6 +350,20 @@ def _json(x: Any) -> Any:
     raise TypeError(type(x))
 
 
+def _three_txt(c: Cell) -> str:
+    """One three-class table entry (module docstring); "n/a" for a binary model."""
+    if not c.three_class:
+        return "n/a (binary)"
+    star = "*" if c.stationary_in_null_band is False else ""
+    return (
+        f"acc3 {c.acc3:.4f} [{c.acc3_lo:.4f}, {c.acc3_hi:.4f}]; "
+        f"stat AUC {c.auc_stationary:.4f}{star} [{c.auc_stationary_lo:.4f}, {c.auc_stationary_hi:.4f}]; "
+        f"macro AUC {c.auc_macro:.4f} [{c.auc_macro_lo:.4f}, {c.auc_macro_hi:.4f}]; n3 {c.n3}; "
+        f"up / stat / down {c.share_up:.3f} / {c.share_stationary:.3f} "
+        f"[{c.share_stationary_lo:.3f}, {c.share_stationary_hi:.3f}] / {c.share_down:.3f}"
+    )
+
+
 def _fmt_ns(ns: float) -> str:
     for unit, div in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
         if ns >= div:
@@ -272,16 +389,24 @@ def replicate_counts(starts: npt.NDArray[np.int64], n: int, block: int) -> npt.N
 
 @dataclass
 class _Prepared:
-    """A cell's rows sorted by score, with tie groups: AUC / accuracy of any row weights in O(n)."""
+    """A cell's rows sorted by score, with tie groups: the AUC of the score for ``pos`` and the
+    mean of a per-row ``value`` under any row weights, in O(n)."""
 
     rows: npt.NDArray[np.int64]  # validation rows of the cell, in score order
     grp: npt.NDArray[np.int64]  # tie group of each
     n_grp: int
-    pos: npt.NDArray[np.float64]  # 1.0 where the label is up
-    correct: npt.NDArray[np.float64]  # 1.0 where (P(up) > 0.5) == up
+    pos: npt.NDArray[np.float64]  # 1.0 where the label is the positive class (up)
+    value: npt.NDArray[np.float64]  # averaged: by default 1.0 where (P(up) > 0.5) == up
 
     @classmethod
-    def of(cls, score: F64, up: npt.NDArray[np.bool_], rows: npt.NDArray[np.int64]) -> _Prepared:
+    def of(
+        cls,
+        score: F64,
+        up: npt.NDArray[np.bool_],
+        rows: npt.NDArray[np.int64],
+        value: npt.NDArray[np.float64] | None = None,
+    ) -> _Prepared:
+        """``value`` per row (in the rows' order; default: the binary accuracy's hit)."""
         order = np.argsort(score, kind="stable")
         s = score[order]
         grp = np.concatenate(([0], np.cumsum(s[1:] != s[:-1]))).astype(np.int64) if s.size else order
@@ -291,13 +416,40 @@ class _Prepared:
             grp=grp,
             n_grp=int(grp[-1]) + 1 if s.size else 0,
             pos=u.astype(np.float64),
-            correct=((s > 0.5) == u).astype(np.float64),
+            value=((s > 0.5) == u).astype(np.float64) if value is None else value[order].astype(np.float64),
         )
 
     def auc_acc(self, counts: npt.NDArray[np.int64]) -> tuple[float, float]:
-        """Weighted AUC (ties: half credit) and accuracy with row weights ``counts[rows]``."""
-        a, acc = _auc_acc_nb(self.rows, self.grp, self.pos, self.correct, counts)
+        """Weighted AUC (ties: half credit) and mean ``value`` (by default the accuracy) with
+        row weights ``counts[rows]``."""
+        a, acc = _auc_acc_nb(self.rows, self.grp, self.pos, self.value, counts)
         return float(a), float(acc)
+
+
+@dataclass
+class _ThreeClass:
+    """A cell's three-class rows: one :class:`_Prepared` per class, sorted by that class's
+    probability (its one-vs-rest AUC), whose averaged ``value`` carries the other figures, so a
+    replicate costs three passes and no other gather: up's the argmax hit (mean: ``acc3``),
+    stationary's its indicator (``share_stationary``), down's the up indicator (``share_up``;
+    ``share_down`` is the rest)."""
+
+    per_class: list[_Prepared]  # in CLASSES order
+
+    @classmethod
+    def of(cls, proba: F64, k: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> _ThreeClass:
+        """``proba`` [m, 3] and true class index ``k`` (0 up, 1 stationary, 2 down) of ``rows``."""
+        hit = (np.argmax(proba, axis=1) == k).astype(np.float64)
+        values = (hit, (k == 1).astype(np.float64), (k == 0).astype(np.float64))
+        return cls(per_class=[_Prepared.of(proba[:, j], k == j, rows, values[j]) for j in range(3)])
+
+    def metrics(self, counts: npt.NDArray[np.int64]) -> tuple[float, ...]:
+        """(acc3, auc_stationary, auc_macro, share_up, share_stationary, share_down) with row
+        weights ``counts[rows]``."""
+        (a_up, acc3), (a_st, sh_st), (a_dn, sh_up) = (pr.auc_acc(counts) for pr in self.per_class)
+        aucs = (a_up, a_st, a_dn)
+        macro = float(np.mean(aucs)) if all(math.isfinite(a) for a in aucs) else math.nan
+        return (acc3, a_st, macro, sh_up, sh_st, 1.0 - sh_up - sh_st)
 
 
 @njit(cache=True)
@@ -359,6 +511,25 @@ def regime_bins(values: npt.ArrayLike, edges: F64) -> npt.NDArray[np.int64]:
     return np.where(np.isfinite(v), b, 0)
 
 
+def _proba_for(prob: Probabilities, h: int, n: int, where: str) -> F64:
+    p = prob[h] if isinstance(prob, Mapping) else prob
+    a = np.asarray(p, dtype=np.float64)
+    if a.shape != (n, 3):
+        raise FxDataError(
+            f"signal_report: class probabilities of {where} at h={h} have shape {a.shape}, "
+            f"expected ({n}, 3) ({', '.join(CLASSES)})"
+        )
+    bad = ~np.isfinite(a).all(axis=1) | (a < 0.0).any(axis=1) | (a > 1.0).any(axis=1)
+    bad |= np.abs(a.sum(axis=1) - 1.0) > PROBA_SUM_TOL
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise FxDataError(
+            f"signal_report: class probabilities of {where} at h={h}, row {j}: {a[j].tolist()} "
+            "are not three probabilities summing to 1"
+        )
+    return a
+
+
 def _scores_for(pred: Predictions, h: int, n: int, where: str) -> F64:
     p = pred[h] if isinstance(pred, Mapping) else pred
     a = np.asarray(p, dtype=np.float64)
@@ -380,18 +551,26 @@ def signal_report(
     predictions: Mapping[tuple[str, str], Predictions],
     units: Mapping[str, RowUnitData],
     cfg: SignalReportConfig | None = None,
+    probabilities: Mapping[tuple[str, str], Probabilities] | None = None,
 ) -> SignalReport:
     """The report of every ``(row_unit, model)`` in ``predictions``.
 
     ``predictions[(row_unit, model)]``: P(up) per validation row of that row unit (one array for
     every horizon, or a mapping horizon -> array for per-horizon models). ``units[row_unit]``:
     that unit's labels per horizon, zero-move shares and regime variables (:class:`RowUnitData`).
-    Every unit must label the same horizons. Returns a :class:`SignalReport` (cells, markdown,
-    decay PNG, ``write``).
+    Every unit must label the same horizons. ``probabilities[(row_unit, model)]`` (optional, for
+    models that also appear in ``predictions``): ``[n, 3]`` P(up), P(stationary), P(down) per
+    validation row (:data:`CLASSES`; one array for every horizon or per horizon); those models get
+    the three-class metrics too (module docstring). Returns a :class:`SignalReport` (cells,
+    markdown, decay PNG, ``write``).
     """
     cfg = cfg or SignalReportConfig()
+    probabilities = probabilities or {}
     if not predictions:
         raise FxDataError("signal_report: no predictions")
+    extra = sorted(set(probabilities) - set(predictions))
+    if extra:
+        raise FxDataError(f"signal_report: class probabilities of {extra} but no scores for them")
     horizon_sets = {u: sorted(int(h) for h in d.labels) for u, d in units.items()}
     if not horizon_sets or any(not hs for hs in horizon_sets.values()):
         raise FxDataError("signal_report: every row unit needs labels for at least one horizon")
@@ -428,21 +607,28 @@ def signal_report(
         starts = block_starts(n, block, cfg.n_boot, rng)
         unit_cells: list[Cell] = []
         preps: list[_Prepared] = []
+        threes: list[tuple[int, _ThreeClass]] = []  # (index in unit_cells, its rows)
         for (u, model), pred in sorted(predictions.items()):
             if u != unit:
                 continue
+            prob = probabilities.get((u, model))
             for h in horizons:
                 score = _scores_for(pred, h, n, f"({u}, {model})")
+                proba = _proba_for(prob, h, n, f"({u}, {model})") if prob is not None else None
                 y = labels[h]
-                lab = np.isfinite(y) & (y != 0)
-                groups: list[tuple[str, int, float, float, npt.NDArray[np.bool_]]] = [
-                    ("all", 0, math.nan, math.nan, lab)
+                defined = np.isfinite(y)
+                lab = defined & (y != 0)
+                # true class index per row (0 up, 1 stationary, 2 down; CLASSES order)
+                k3 = np.where(y > 0, 0, np.where(y < 0, 2, 1)).astype(np.int64)
+                groups: list[tuple[str, int, float, float, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]] = [
+                    ("all", 0, math.nan, math.nan, lab, defined)
                 ]
                 for rg, (e, b) in bins.items():
                     ext = np.concatenate(([-np.inf], e, [np.inf]))
                     for q in range(1, cfg.n_quantiles + 1):
-                        groups.append((rg, q, float(ext[q - 1]), float(ext[q]), lab & (b == q)))
-                for rg, q, lo_e, hi_e, m in groups:
+                        inb = b == q
+                        groups.append((rg, q, float(ext[q - 1]), float(ext[q]), lab & inb, defined & inb))
+                for rg, q, lo_e, hi_e, m, m3 in groups:
                     s, up = score[m], y[m] > 0
                     c = Cell(
                         row_unit=u,
@@ -467,18 +653,65 @@ def signal_report(
                         c.null_sd, c.null_p = nul.null_sd, nul.p_value
                         if math.isfinite(nul.null_sd) and math.isfinite(c.auc):
                             c.in_null_band = bool(abs(c.auc - 0.5) <= cfg.null_band_z * nul.null_sd)
+                    if proba is not None:
+                        threes.append(
+                            (len(unit_cells), _three_class_cell(c, proba, k3, m3, rg, y, block, cfg))
+                        )
                     unit_cells.append(c)
                     preps.append(_Prepared.of(s, up, np.flatnonzero(m)))
         # One replicate's row counts serve every cell of the unit (paired intervals).
         boot = np.empty((2, len(preps), cfg.n_boot))
+        boot3 = np.empty((len(threes), 4, cfg.n_boot))  # acc3, auc_stationary, auc_macro, share_stationary
         for bi in range(cfg.n_boot):
             counts = replicate_counts(starts[bi], n, block)
             for ci, pr in enumerate(preps):
                 boot[0, ci, bi], boot[1, ci, bi] = pr.auc_acc(counts)
+            for ti, (_, tc) in enumerate(threes):
+                acc3, a_st, a_mac, _, sh_st, _ = tc.metrics(counts)
+                boot3[ti, :, bi] = acc3, a_st, a_mac, sh_st
         for ci, c in enumerate(unit_cells):
             c.auc_lo, c.auc_hi = _interval(boot[0, ci], cfg.level)
             c.acc_lo, c.acc_hi = _interval(boot[1, ci], cfg.level)
+        for ti, (ci, _) in enumerate(threes):
+            c = unit_cells[ci]
+            c.acc3_lo, c.acc3_hi = _interval(boot3[ti, 0], cfg.level)
+            c.auc_stationary_lo, c.auc_stationary_hi = _interval(boot3[ti, 1], cfg.level)
+            c.auc_macro_lo, c.auc_macro_hi = _interval(boot3[ti, 2], cfg.level)
+            c.share_stationary_lo, c.share_stationary_hi = _interval(boot3[ti, 3], cfg.level)
         cells += unit_cells
     return SignalReport(
         cells=cells, horizons=list(horizons), block=block, config=cfg.model_dump(), regime_edges=edges_out
     )
+
+
+def _three_class_cell(
+    c: Cell,
+    proba: F64,
+    k3: npt.NDArray[np.int64],
+    m3: npt.NDArray[np.bool_],
+    regime: str,
+    y: F64,
+    block: int,
+    cfg: SignalReportConfig,
+) -> _ThreeClass:
+    """Set the three-class point values of cell ``c`` (rows ``m3`` of the unit: defined labels
+    in the cell's bin; ``k3`` the true class index of every row) and, on the "all" cell, the
+    stationary AUC's null band; returns the cell's rows for the bootstrap."""
+    rows = np.flatnonzero(m3)
+    p, k = proba[rows], k3[rows]
+    aucs = [M.auc(p[:, j], k == j) if rows.size else math.nan for j in range(3)]
+    c.n3 = int(rows.size)
+    c.acc3 = float((np.argmax(p, axis=1) == k).mean()) if rows.size else math.nan
+    c.auc_stationary = aucs[1]
+    c.auc_macro = float(np.mean(aucs)) if all(math.isfinite(a) for a in aucs) else math.nan
+    c.share_up, c.share_stationary, c.share_down = (
+        (float((k == j).mean()) if rows.size else math.nan) for j in range(3)
+    )
+    if regime == "all":
+        # the stationary indicator as +1 (stationary) / -1 (moved), NaN where undefined
+        ys = np.where(np.isfinite(y), np.where(y == 0, 1.0, -1.0), np.nan)
+        nul = M.auc_block_null(proba[:, 1], ys, block, cfg.n_perm, cfg.seed)
+        c.stationary_null_sd, c.stationary_null_p = nul.null_sd, nul.p_value
+        if math.isfinite(nul.null_sd) and math.isfinite(c.auc_stationary):
+            c.stationary_in_null_band = bool(abs(c.auc_stationary - 0.5) <= cfg.null_band_z * nul.null_sd)
+    return _ThreeClass.of(p, k, rows)

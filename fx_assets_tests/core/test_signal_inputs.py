@@ -210,3 +210,109 @@ def test_rows_take_decodes_exactly_the_asked_columns(tmp_path: Path) -> None:
             np.testing.assert_array_equal(rows.take(idx, names), whole[idx][:, cols])
     finally:
         rows.close()
+
+
+# --- three-class models: class probabilities and the stationary label ---------------------------
+
+
+def _proba(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).dirichlet([1.0, 2.0, 1.0], n)
+
+
+def test_class_probabilities_round_trip_stitch_and_drop(tmp_path: Path) -> None:
+    a, b = _signal("2024-Q2", 0, 50, 1), _signal("2024-Q3", 100, 40, 2)
+    pa, pb = _proba(50, 3), _proba(40, 4)
+    a3 = a.with_model("trained_mlp", 0.5 * (1 + pa[:, 0] - pa[:, 2]), pa)
+    b3 = b.with_model("trained_mlp", 0.5 * (1 + pb[:, 0] - pb[:, 2]), pb)
+    assert set(a3.probabilities) == {"trained_mlp"} and not a.probabilities
+    back = FoldSignal.load(a3.save(tmp_path / "a.npz"))
+    np.testing.assert_array_equal(back.probabilities["trained_mlp"], pa)
+    assert back.report_probabilities() == {("snapshot", "trained_mlp"): back.probabilities["trained_mlp"]}
+    st = stitch_signals([b3, back])
+    np.testing.assert_array_equal(st.probabilities["trained_mlp"], np.concatenate([pa, pb]))
+    # a binary model under the same name in one fold: refused, not stitched half three-class
+    b2 = b.with_model("trained_mlp", np.full(40, 0.5))
+    with pytest.raises(FxDataError, match="class probabilities"):
+        stitch_signals([back, b2])
+    assert not back.without_models(["gbt"]).probabilities
+    assert not a3.with_model("trained_mlp", np.full(50, 0.5)).probabilities  # replaced by a binary one
+    with pytest.raises(FxDataError, match="class probabilities of shape"):
+        a.with_model("m", np.full(50, 0.5), pa[:, :2])
+    # an old fold file (no proba) loads with none
+    assert FoldSignal.load(a.save(tmp_path / "old.npz")).probabilities == {}
+
+
+def test_trained_probabilities_are_the_reports_rows_or_fail(tmp_path: Path) -> None:
+    from fx_assets.core.signal_inputs import trained_probabilities
+
+    ts = np.arange(100, 150, dtype=np.int64)
+    p = _proba(ts.size, 5)
+    score = 0.5 * (1 + p[:, 0] - p[:, 2])
+    f = tmp_path / "v.npz"
+    np.savez(f, ts=ts, score=score, proba=p)
+    got = trained_probabilities(f, ts)
+    assert got is not None
+    np.testing.assert_array_equal(got, p)
+    assert trained_probabilities(_val_predictions(tmp_path / "bin.npz", ts, score), ts) is None
+    with pytest.raises(FxDataError, match="not the report's"):
+        trained_probabilities(f, ts[1:])
+    bad = p.copy()
+    bad[7] = [0.5, 0.5, 0.5]
+    np.savez(tmp_path / "bad.npz", ts=ts, score=score, proba=bad)
+    with pytest.raises(FxDataError, match="row 7"):
+        trained_probabilities(tmp_path / "bad.npz", ts)
+
+
+def _snapshot_fold(tmp: Path, n_q: int = 1200, seed: int = 6) -> tuple[list[Path], FoldRange]:
+    """Two quarters of snapshot rows whose mid (on the 0.125 half-tick grid) mostly stands still."""
+    from fx_assets.core.fxcache import write_fxcache
+
+    rng = np.random.default_rng(seed)
+    n = 2 * n_q
+    imb = rng.uniform(-1.0, 1.0, n)
+    prev = np.concatenate([[0.0], imb[:-1]])  # the move into row i follows row i-1's imbalance
+    step = np.where(rng.random(n) < 0.6, 0, np.where(rng.random(n) < 0.5 + 0.4 * prev, 1, -1))
+    mid = 4000.0 + 0.125 * np.cumsum(step)
+    feats = np.column_stack([rng.integers(1, 4, n), rng.random(n), rng.random(n) * 3, imb])
+    names = ["book_spread_ticks", "bar_rv_20", "log_event_rate_hz", "book_l1_imbalance"]
+    ts = np.arange(n, dtype=np.int64) * 1_000_000
+    paths = []
+    for q in range(2):
+        sl = slice(q * n_q, (q + 1) * n_q)
+        px = np.column_stack([mid[sl], np.ones(n_q), np.full(n_q, 19_800.0 + q)])
+        paths.append(
+            write_fxcache(
+                tmp / f"s{q}.fxcache",
+                ts[sl],
+                {"feature": (names, feats[sl]), "price": (["mid", "contract", "session"], px)},
+                "f32",
+                bytes([q + 7]) * 32,
+                {"row_unit": "snapshot"},
+            )
+        )
+    return paths, FoldRange("2024-Q2", 0, n_q - 40, n_q, n, 40, 0, 0, 0, 0, 0, 0)
+
+
+def test_snapshot_validation_labels_keep_a_zero_move_as_stationary(tmp_path: Path) -> None:
+    """The report's validation labels of snapshot rows are +1 / -1 / 0 (zero move) / NaN, each
+    the sign of the mid's move h rows ahead in the validation slice (on main a zero move was NaN);
+    the GBT, fitted on up against down, still finds the planted imbalance."""
+    paths, fr = _snapshot_fold(tmp_path)
+    cfg = SignalLabelConfig(snapshot_horizons=[1, 5])
+    sig = fold_signal(paths, fr, cfg, GBT_SMALL, tick=0.25)
+    from fx_assets.core.signal_inputs import _Rows
+
+    rows = _Rows(paths)
+    try:
+        vmid = rows.take(np.arange(fr.val_start, fr.val_end), ["mid"])[:, 0]
+    finally:
+        rows.close()
+    for h in (1, 5):
+        y = sig.labels[h]
+        move = np.full(vmid.size, np.nan)
+        move[:-h] = np.sign(vmid[h:] - vmid[:-h])
+        np.testing.assert_array_equal(y, move)
+        zero = int((y == 0).sum())
+        assert zero > 0.2 * y.size and zero == sig.n_zero[h]
+    auc1 = _auc(sig.predictions["gbt"][1], sig.labels[1])
+    assert auc1 > 0.6, auc1  # the GBT found the planted imbalance
