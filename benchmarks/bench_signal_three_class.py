@@ -14,6 +14,7 @@ figures (``identical_figures``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import subprocess
@@ -27,12 +28,6 @@ import numpy as np
 
 from benchmarks.common import alternate, command_line, git_commit, timed, write_result
 from fx_assets.core import signal_report as current
-
-FIELDS = (
-    "auc", "auc_lo", "auc_hi", "acc3", "acc3_lo", "acc3_hi", "auc_stationary", "auc_stationary_lo",
-    "auc_stationary_hi", "auc_macro", "auc_macro_lo", "auc_macro_hi", "share_stationary_lo",
-    "share_stationary_hi",
-)  # fmt: skip
 
 
 def _module_at(rev: str, tmp: Path) -> ModuleType:
@@ -50,8 +45,9 @@ def _module_at(rev: str, tmp: Path) -> ModuleType:
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Every field of every cell equal (NaN equal to NaN)."""
     for ca, cb in zip(a.cells, b.cells, strict=True):
-        for f in FIELDS:
+        for f in (fl.name for fl in dataclasses.fields(ca)):
             x, y = getattr(ca, f), getattr(cb, f)
             if not (x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))):
                 return False

@@ -89,6 +89,8 @@ Probabilities = npt.ArrayLike | Mapping[int, npt.ArrayLike]
 CLASSES = ("up", "stationary", "down")
 CLASS_LABELS = (1.0, 0.0, -1.0)
 PROBA_SUM_TOL = 1e-4  # |sum of a row's three probabilities - 1| allowed (float32 softmax)
+# memory of one group of bootstrap replicates' row counts (int32 [n, G]): G = this / (4 n)
+BOOT_GROUP_BYTES = 1 << 28
 
 
 class SignalReportConfig(ConfigModel):
@@ -422,8 +424,14 @@ class _Prepared:
     def auc_acc(self, counts: npt.NDArray[np.int64]) -> tuple[float, float]:
         """Weighted AUC (ties: half credit) and mean ``value`` (by default the accuracy) with
         row weights ``counts[rows]``."""
-        a, acc = _auc_acc_nb(self.rows, self.grp, self.pos, self.value, counts)
-        return float(a), float(acc)
+        a, acc = self.auc_acc_many(np.asarray(counts).reshape(-1, 1))
+        return float(a[0]), float(acc[0])
+
+    def auc_acc_many(self, counts: npt.NDArray[np.integer]) -> tuple[F64, F64]:
+        """:meth:`auc_acc` of ``G`` replicates at once: ``counts`` [n, G] (one column of row
+        weights per replicate) gives two arrays [G]; each column's figures are bit for bit those
+        of :meth:`auc_acc` of that column (same sums in the same order)."""
+        return _auc_acc_nb(self.rows, self.grp, self.pos, self.value, counts)
 
 
 @dataclass
@@ -446,43 +454,64 @@ class _ThreeClass:
     def metrics(self, counts: npt.NDArray[np.int64]) -> tuple[float, ...]:
         """(acc3, auc_stationary, auc_macro, share_up, share_stationary, share_down) with row
         weights ``counts[rows]``."""
-        (a_up, acc3), (a_st, sh_st), (a_dn, sh_up) = (pr.auc_acc(counts) for pr in self.per_class)
-        aucs = (a_up, a_st, a_dn)
-        macro = float(np.mean(aucs)) if all(math.isfinite(a) for a in aucs) else math.nan
+        return tuple(float(x[0]) for x in self.metrics_many(np.asarray(counts).reshape(-1, 1)))
+
+    def metrics_many(self, counts: npt.NDArray[np.integer]) -> tuple[F64, ...]:
+        """:meth:`metrics` of ``G`` replicates at once (``counts`` [n, G]): six arrays [G]."""
+        (a_up, acc3), (a_st, sh_st), (a_dn, sh_up) = (pr.auc_acc_many(counts) for pr in self.per_class)
+        aucs = np.stack([a_up, a_st, a_dn])
+        # the same sum and division per replicate as np.mean over three floats
+        macro = np.where(np.isfinite(aucs).all(axis=0), (aucs[0] + aucs[1] + aucs[2]) / 3.0, np.nan)
         return (acc3, a_st, macro, sh_up, sh_st, 1.0 - sh_up - sh_st)
 
 
 @njit(cache=True)
 def _auc_acc_nb(
     rows: np.ndarray, grp: np.ndarray, pos: np.ndarray, correct: np.ndarray, counts: np.ndarray
-) -> tuple[float, float]:
-    """One pass over rows sorted by score: sum over tie groups of w_up (w_down below + w_down/2)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """One pass over rows sorted by score, for every replicate column ``b`` of ``counts`` [n, G]:
+    sum over tie groups of w_up (w_down below + w_down/2). A row's G weights sit side by side,
+    so the random access into ``counts`` is one cache line per row for all G replicates, not G
+    (it dominated the bootstrap with one pass per replicate)."""
     m = rows.shape[0]
-    below = 0.0
-    num = 0.0
-    n1 = 0.0
-    cor = 0.0
+    nb = counts.shape[1]
+    below = np.zeros(nb)
+    num = np.zeros(nb)
+    n1 = np.zeros(nb)
+    cor = np.zeros(nb)
+    wp = np.empty(nb)
+    wn = np.empty(nb)
     i = 0
     while i < m:
         g = grp[i]
-        wp = 0.0
-        wn = 0.0
+        wp[:] = 0.0
+        wn[:] = 0.0
         j = i
         while j < m and grp[j] == g:
-            w = float(counts[rows[j]])
+            r = rows[j]
+            c = correct[j]
             if pos[j] > 0.5:
-                wp += w
+                for b in range(nb):
+                    w = float(counts[r, b])
+                    wp[b] += w
+                    cor[b] += w * c
             else:
-                wn += w
-            cor += w * correct[j]
+                for b in range(nb):
+                    w = float(counts[r, b])
+                    wn[b] += w
+                    cor[b] += w * c
             j += 1
-        num += wp * (below + 0.5 * wn)
-        below += wn
-        n1 += wp
+        for b in range(nb):
+            num[b] += wp[b] * (below[b] + 0.5 * wn[b])
+            below[b] += wn[b]
+            n1[b] += wp[b]
         i = j
-    n0 = below
-    a = num / (n1 * n0) if n1 > 0 and n0 > 0 else np.nan
-    acc = cor / (n1 + n0) if n1 + n0 > 0 else np.nan
+    a = np.empty(nb)
+    acc = np.empty(nb)
+    for b in range(nb):
+        n0 = below[b]
+        a[b] = num[b] / (n1[b] * n0) if n1[b] > 0 and n0 > 0 else np.nan
+        acc[b] = cor[b] / (n1[b] + n0) if n1[b] + n0 > 0 else np.nan
     return a, acc
 
 
@@ -662,13 +691,18 @@ def signal_report(
         # One replicate's row counts serve every cell of the unit (paired intervals).
         boot = np.empty((2, len(preps), cfg.n_boot))
         boot3 = np.empty((len(threes), 4, cfg.n_boot))  # acc3, auc_stationary, auc_macro, share_stationary
-        for bi in range(cfg.n_boot):
-            counts = replicate_counts(starts[bi], n, block)
+        # Replicates in groups of G: a [n, G] count matrix is one pass per cell for G of them.
+        group = max(1, min(cfg.n_boot, BOOT_GROUP_BYTES // (4 * max(n, 1))))
+        for b0 in range(0, cfg.n_boot, group):
+            bs = range(b0, min(b0 + group, cfg.n_boot))
+            counts = np.empty((n, len(bs)), dtype=np.int32)
+            for j, bi in enumerate(bs):
+                counts[:, j] = replicate_counts(starts[bi], n, block)
             for ci, pr in enumerate(preps):
-                boot[0, ci, bi], boot[1, ci, bi] = pr.auc_acc(counts)
+                boot[0, ci, bs.start : bs.stop], boot[1, ci, bs.start : bs.stop] = pr.auc_acc_many(counts)
             for ti, (_, tc) in enumerate(threes):
-                acc3, a_st, a_mac, _, sh_st, _ = tc.metrics(counts)
-                boot3[ti, :, bi] = acc3, a_st, a_mac, sh_st
+                acc3, a_st, a_mac, _, sh_st, _ = tc.metrics_many(counts)
+                boot3[ti, :, bs.start : bs.stop] = acc3, a_st, a_mac, sh_st
         for ci, c in enumerate(unit_cells):
             c.auc_lo, c.auc_hi = _interval(boot[0, ci], cfg.level)
             c.acc_lo, c.acc_hi = _interval(boot[1, ci], cfg.level)
