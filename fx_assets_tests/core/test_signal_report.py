@@ -227,3 +227,33 @@ def test_replicate_auc_equals_auc_of_the_resampled_rows() -> None:
         a, acc = pr.auc_acc(c)
         assert a == pytest.approx(auc(s[idx], up[idx]))
         assert acc == pytest.approx(float(((s[idx] > 0.5) == up[idx]).mean()))
+
+
+def test_replicates_scored_in_groups_equal_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bootstrap scores replicates in groups of columns (``BOOT_GROUP_BYTES``); any grouping
+    gives every figure bit for bit: one replicate per group, groups of 4 with a short last one,
+    and all replicates in one group."""
+    import dataclasses
+
+    from fx_assets.core import signal_report as SR
+
+    rng = np.random.default_rng(9)
+    s, y = _dependent(2000, 1.0, 10, rng)
+    y = np.where(rng.random(2000) < 0.2, 0.0, y)  # stationary rows for the three-class figures
+    units = {"snapshot": RowUnitData(labels={10: y, 20: y}, regimes_valid={"v": rng.random(2000)},
+                                     regimes_train={"v": rng.random(500)})}  # fmt: skip
+    proba = rng.dirichlet([1.0, 1.0, 1.0], 2000)
+    preds: dict[tuple[str, str], Predictions] = {("snapshot", "m"): _p(s), ("snapshot", "p"): _p(s[::-1])}
+    cfg = SignalReportConfig(n_boot=11, n_perm=10)
+
+    def cells(group_bytes: int) -> list[tuple]:
+        monkeypatch.setattr(SR, "BOOT_GROUP_BYTES", group_bytes)
+        rep = SR.signal_report(preds, units, cfg, probabilities={("snapshot", "p"): proba})
+        return [dataclasses.astuple(c) for c in rep.cells]
+
+    one = cells(4 * 2000)  # G = 1
+    for g in (4, 11):
+        other = cells(4 * 2000 * g)
+        assert len(other) == len(one)
+        for a, b in zip(one, other, strict=True):
+            assert all(x == z or (x != x and z != z) for x, z in zip(a, b, strict=True)), (a, b)
