@@ -31,6 +31,9 @@ States, in this order in every round:
 - ``hit``: everything present: a full cache hit of the 7 stages (each output verified as README
   §Integrity says, every blocking check run).
 
+- ``execute_in_process_no_checks`` (diagnostic, only with ``--paths``): the same run of the 7
+  assets without their 7 checks, to show what the check steps cost.
+
 Figures: run duration from Dagster's run stats (RUN_START → RUN_SUCCESS), wall time of the
 launching process (CLI: including process start and imports), and CPU seconds (user + sys of the
 launching process and its children; for ``graphql`` the run's own process is not ours: n/a).
@@ -38,6 +41,14 @@ launching process and its children; for ``graphql`` the run's own process is not
 (sidecars present, numba cache warm), wall and CPU. Rounds alternate the paths (A B C A B C).
 ``--states`` picks a subset of the states (``--states hit``: only full cache hits, no stage
 functions; the quickest honest configuration, which judges the cache-hit target only).
+
+``--baseline DIR``: an export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, with
+``DIR/BASELINE_COMMIT`` naming it) runs in the same rounds, alternating with this checkout (A B
+A B, ``execute_in_process`` and ``cli`` only), each on a data root and Dagster home of its own
+(records beside the files carry the package source, so one root would make both sides verify
+every file in every round). Per run the split of the run duration: events stored, seconds in the
+asset steps and in the check steps (STEP_START to STEP_SUCCESS), the rest (run start, between
+steps), and before the run started (``create_run``: the planned events).
 """
 
 from __future__ import annotations
@@ -73,6 +84,9 @@ PARTITION = f"2024-01|{SYMBOL}"
 PREV_PARTITION = f"2023-10|{SYMBOL}"
 OUTPUT_STAGES = ("roll_calendar", "bars", "bar_features", "ofi_features", "fxcache")
 PATHS = ("execute_in_process", "cli", "graphql")
+#: A diagnostic path, only when asked for (``--paths``): the same run without the 7 asset checks,
+#: the floor of any way of running the checks inside the asset steps (their events stay).
+NO_CHECKS = "execute_in_process_no_checks"
 STATES = ("cold_ish", "warm", "hit")
 PY = sys.executable
 
@@ -184,6 +198,47 @@ def _run_stats(home: Path, run_id: str) -> dict[str, Any]:
     }
 
 
+def _run_split(home: Path, run_id: str) -> dict[str, Any]:
+    """Where a run's time went, from its stored events: step durations (STEP_START to
+    STEP_SUCCESS/FAILURE) of the asset steps and of the asset-check steps, the rest of the run
+    (RUN_START to RUN_SUCCESS outside any step) and the time before RUN_START (the planned
+    events written by ``create_run``); events stored, by type."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        logs = inst.all_logs(run_id)
+    # a check step: one that evaluated a check and materialized nothing
+    checks = {e.step_key for e in logs if e.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION}
+    checks -= {e.step_key for e in logs if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION}
+    types: dict[str, int] = {}
+    start: dict[str, float] = {}
+    steps: dict[str, float] = {}
+    run_start = run_end = None
+    for e in logs:
+        t = e.dagster_event_type.value if e.dagster_event_type else "LOG"
+        types[t] = types.get(t, 0) + 1
+        if t == "STEP_START" and e.step_key:
+            start[e.step_key] = e.timestamp
+        elif t in ("STEP_SUCCESS", "STEP_FAILURE") and e.step_key in start:
+            steps[e.step_key] = e.timestamp - start[e.step_key]
+        elif t == "PIPELINE_START":
+            run_start = e.timestamp
+        elif t in ("PIPELINE_SUCCESS", "PIPELINE_FAILURE"):
+            run_end = e.timestamp
+    check_s = sum(v for k, v in steps.items() if k in checks)
+    asset_s = sum(v for k, v in steps.items() if k not in checks)
+    run_s = (run_end - run_start) if run_start and run_end else None
+    return {
+        "events": len(logs),
+        "events_by_type": dict(sorted(types.items())),
+        "steps": len(steps),
+        "asset_steps_seconds": round(asset_s, 3),
+        "check_steps_seconds": round(check_s, 3),
+        "rest_of_run_seconds": round(run_s - asset_s - check_s, 3) if run_s else None,
+        "before_run_start_seconds": round(run_start - logs[0].timestamp, 3) if run_start else None,
+    }
+
+
 def _actions(home: Path, run_id: str) -> dict[str, str]:
     import dagster as dg
 
@@ -199,13 +254,18 @@ def _actions(home: Path, run_id: str) -> dict[str, str]:
 # --- the three launch paths -------------------------------------------------------------------
 
 
-def in_process_child(partition: str) -> None:
-    """(child) one execute_in_process run of build_features; prints the run id."""
+def in_process_child(partition: str, checks: bool = True) -> None:
+    """(child) one execute_in_process run of build_features (``checks=False``: its 7 assets
+    without their checks); prints the run id."""
     import dagster as dg
 
     from fx_assets.definitions import defs
 
     job = defs.resolve_job_def("build_features")
+    if not checks:
+        job = job.get_subset(
+            asset_selection=set(job.asset_layer.executable_asset_keys), asset_check_selection=set()
+        )
     inst = dg.DagsterInstance.get()
     r = job.execute_in_process(
         instance=inst,
@@ -216,11 +276,14 @@ def in_process_child(partition: str) -> None:
     print(json.dumps({"run_id": r.run_id, "success": r.success}))
 
 
-def launch_in_process(env: dict[str, str], home: Path, partition: str) -> dict[str, Any]:
+def launch_in_process(
+    env: dict[str, str], home: Path, partition: str, checkout: Path | None = None, checks: bool = True
+) -> dict[str, Any]:
     c0, t0 = _children_cpu(), time.perf_counter()
     proc = subprocess.run(
-        [PY, "-m", "benchmarks.bench_dagster_path", "child", partition],
+        [PY, "-m", "benchmarks.bench_dagster_path", "child", partition, *([] if checks else ["no-checks"])],
         env=env,
+        cwd=str(checkout) if checkout else None,  # python -m puts the working directory first
         capture_output=True,
         text=True,
         check=False,
@@ -362,26 +425,50 @@ def log(msg: str) -> None:
 
 
 def run(
-    rounds: int, paths: tuple[str, ...], states: tuple[str, ...] = STATES, raw_dir: Path | None = None
+    rounds: int,
+    paths: tuple[str, ...],
+    states: tuple[str, ...] = STATES,
+    raw_dir: Path | None = None,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
+    if baseline is not None and "graphql" in paths:
+        raise ValueError("--baseline: execute_in_process and cli only")
+    suffix = {None: "", baseline: "_baseline"} if baseline else {None: ""}
     if raw_dir is None:
         prev, quarter, partition = PREV, QUARTER, PARTITION
         root = view_root([PREV, QUARTER], "dagster_path_root")
         prep_parts = [PREV_PARTITION, PARTITION]
+        base_root = view_root([PREV, QUARTER], "dagster_path_root_baseline") if baseline else None
     else:
         prev, quarter, partition = None, "2024-Q3", f"2024-07|{SYMBOL}"
         root = copied_root(raw_dir, quarter, "dagster_path_root_q3")
         prep_parts = [partition]
+        base_root = copied_root(raw_dir, quarter, "dagster_path_root_q3_baseline") if baseline else None
     home = fresh_home("dagster_path_home")
     env = fx_env(root, home, prev or quarter, quarter)
     log(f"preparing: {prep_parts} through build_features once (decode + build)")
     prep = [launch_in_process(env, home, p) for p in prep_parts]
+    base: dict[str, Any] = {}
+    if baseline is not None:
+        assert base_root is not None
+        base_home = fresh_home("dagster_path_home" + suffix[baseline])
+        base_env = {**fx_env(base_root, base_home, prev or quarter, quarter), "PYTHONPATH": str(baseline)}
+        log(f"preparing the baseline {baseline}: {prep_parts}")
+        base = {
+            "checkout": str(baseline),
+            "commit": (baseline / "BASELINE_COMMIT").read_text().strip()
+            if (baseline / "BASELINE_COMMIT").is_file()
+            else None,
+            "data_root": str(base_root),
+            "prepare_runs": [launch_in_process(base_env, base_home, p, baseline) for p in prep_parts],
+        }
     fn_dir = DATA / "dagster_path_functions"
     shutil.rmtree(fn_dir, ignore_errors=True)
     gql = (
         GraphqlPath(root, DATA / "dagster_path_dev", prev or quarter, quarter) if "graphql" in paths else None
     )
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {p: {s: [] for s in states} for p in paths}
+    base_raw: dict[str, dict[str, list[dict[str, Any]]]] = {p: {s: [] for s in states} for p in paths}
     functions: list[dict[str, Any]] = []
     try:
         for r in range(rounds):
@@ -390,30 +477,40 @@ def run(
                 log(f"round {r + 1}: functions {functions[-1]['seconds']} s")
             for path in paths:
                 for state in states:
-                    numba_dir = (
-                        Path(tempfile.mkdtemp(prefix="numba_cold_", dir=DATA))
-                        if state == "cold_ish"
-                        else None
-                    )
-                    if state != "hit":
-                        delete_outputs(root, quarter)
-                    extra = {"NUMBA_CACHE_DIR": str(numba_dir)} if numba_dir else {}
-                    e = {**env, **extra}
-                    if path == "execute_in_process":
-                        m = launch_in_process(e, home, partition)
-                        m["actions"] = _actions(home, m["run_id"])
-                    elif path == "cli":
-                        m = launch_cli(e, home, partition)
-                        m["actions"] = _actions(home, m["run_id"])
-                    else:
-                        assert gql is not None
-                        m = gql.launch(partition, numba_dir)
-                        m["actions"] = _actions(gql.dev.home, m["run_id"])
-                    m["load_average"] = load_average()
-                    raw[path][state].append(m)
-                    log(
-                        f"round {r + 1}: {path} {state}: run {m['run_seconds']} s, wall {m['wall_seconds']} s"
-                    )
+                    for side in [baseline, None] if baseline else [None]:  # A B A B
+                        s_root = root if side is None else base_root
+                        s_home = home if side is None else base_home
+                        s_env = env if side is None else base_env
+                        assert s_root is not None
+                        numba_dir = (
+                            Path(tempfile.mkdtemp(prefix="numba_cold_", dir=DATA))
+                            if state == "cold_ish"
+                            else None
+                        )
+                        if state != "hit":
+                            delete_outputs(s_root, quarter)
+                        extra = {"NUMBA_CACHE_DIR": str(numba_dir)} if numba_dir else {}
+                        e = {**s_env, **extra}
+                        if path in ("execute_in_process", "execute_in_process_no_checks"):
+                            m = launch_in_process(e, s_home, partition, side, path == "execute_in_process")
+                            m["actions"] = _actions(s_home, m["run_id"])
+                        elif path == "cli":
+                            m = launch_cli(e, s_home, partition)
+                            m["actions"] = _actions(s_home, m["run_id"])
+                        else:
+                            assert gql is not None
+                            m = gql.launch(partition, numba_dir)
+                            m["actions"] = _actions(gql.dev.home, m["run_id"])
+                            s_home = gql.dev.home
+                        m["split"] = _run_split(s_home, m["run_id"])
+                        m["load_average"] = load_average()
+                        (raw if side is None else base_raw)[path][state].append(m)
+                        who = "baseline" if side else "this checkout"
+                        log(
+                            f"round {r + 1}: {who} {path} {state}: run {m['run_seconds']} s, "
+                            f"wall {m['wall_seconds']} s, cpu {m['cpu_seconds']} s, "
+                            f"{m['split']['events']} events, load {m['load_average'][0]}"
+                        )
                     if m["status"] != "SUCCESS":
                         raise RuntimeError(f"{path} {state}: run {m['run_id']} ended {m['status']}")
                     built = {k: v for k, v in m["actions"].items() if v != "reused"}
@@ -424,6 +521,11 @@ def run(
     finally:
         if gql is not None:
             gql.stop()
+
+    def split_summary(ms: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = ("events", "asset_steps_seconds", "check_steps_seconds", "rest_of_run_seconds")
+        return {k: summary([m["split"][k] for m in ms]) for k in (*keys, "before_run_start_seconds")}
+
     fn_wall = summary([f["seconds"] for f in functions])
     fn_cpu = summary([f["cpu_seconds_in_stages"] for f in functions])
     figures: dict[str, Any] = {}
@@ -436,15 +538,57 @@ def run(
                 "run_seconds": summary([m["run_seconds"] for m in ms]),
                 "wall_seconds": summary([m["wall_seconds"] for m in ms]),
                 "cpu_seconds": summary([m["cpu_seconds"] for m in ms]),
+                "split": split_summary(ms),
             }
+            if baseline is not None:
+                bs = base_raw[path][state]
+                b = {
+                    "run_seconds": summary([m["run_seconds"] for m in bs]),
+                    "wall_seconds": summary([m["wall_seconds"] for m in bs]),
+                    "cpu_seconds": summary([m["cpu_seconds"] for m in bs]),
+                    "split": split_summary(bs),
+                }
+                base.setdefault("figures", {}).setdefault(path, {})[state] = b
+                ratio = {}
+                for k in ("run_seconds", "wall_seconds", "cpu_seconds"):
+                    mine, theirs = figures[path][state][k]["median"], b[k]["median"]
+                    ratio[k] = round(theirs / mine, 3) if mine and theirs else None
+                figures[path][state]["baseline_over_this"] = ratio
+                targets.append(
+                    target(
+                        f"{path} {state}: baseline / this checkout, run duration (medians)",
+                        ratio["run_seconds"],
+                        ">",
+                        1.0,
+                        "x",
+                        f"baseline {base.get('commit')}, alternating A B A B",
+                    )
+                )
         if "warm" in states:
             warm = figures[path]["warm"]["run_seconds"]["median"]
             ratio = round(warm / fn_wall["median"], 2) if warm and fn_wall["median"] else None
             figures[path]["warm_over_functions"] = ratio
             targets.append(target(f"{path}: warm run / stage functions (medians)", ratio, "<=", 1.5, "x"))
-        if "hit" in states:
+        if "hit" in states and path != NO_CHECKS:
             hit = figures[path]["hit"]["run_seconds"]["median"]
             targets.append(target(f"{path}: full cache hit, run duration (median)", hit, "<=", 2.0, "s"))
+    if NO_CHECKS in paths and "execute_in_process" in paths and "hit" in states:
+        with_checks = figures["execute_in_process"]["hit"]["run_seconds"]["median"]
+        without = figures[NO_CHECKS]["hit"]["run_seconds"]["median"]
+        figures["check_steps_cost_seconds"] = (
+            round(with_checks - without, 3) if with_checks and without else None
+        )
+        targets.append(
+            target(
+                "execute_in_process without the 7 checks: full cache hit, run duration (median)",
+                without,
+                "<=",
+                2.0,
+                "s",
+                "diagnostic: the floor of running the checks inside the asset steps (their "
+                f"evaluation events stay); the check steps cost {figures['check_steps_cost_seconds']} s",
+            )
+        )
     return {
         "partition": partition,
         "states": list(states),
@@ -455,13 +599,14 @@ def run(
         "figures": figures,
         "targets": targets,
         "raw": raw,
+        **({"baseline": {**base, "raw": base_raw}} if baseline is not None else {}),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["child"]:
-        in_process_child(argv[1])
+        in_process_child(argv[1], checks=argv[2:3] != ["no-checks"])
         return 0
     p = argparse.ArgumentParser(prog="benchmarks.bench_dagster_path")
     p.add_argument("--rounds", type=int, default=3)
@@ -469,12 +614,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--states", default=",".join(STATES), help="subset of " + ",".join(STATES))
     p.add_argument("--raw", type=Path, default=None, help="a market holding 2024-Q3 (read only)")
     p.add_argument("--name", default="bench_dagster_path")
+    p.add_argument("--baseline", type=Path, default=None, help="an export of an earlier commit (A/B)")
     args = p.parse_args(argv)
     states = tuple(s for s in STATES if s in args.states.split(","))
     if not states or set(args.states.split(",")) - set(STATES):
         p.error(f"--states: a subset of {','.join(STATES)}")
     before = load_average()
-    result = run(args.rounds, tuple(args.paths.split(",")), states, args.raw.resolve() if args.raw else None)
+    result = run(
+        args.rounds,
+        tuple(args.paths.split(",")),
+        states,
+        args.raw.resolve() if args.raw else None,
+        args.baseline.resolve() if args.baseline else None,
+    )
     result = {
         "command": "python -m benchmarks.bench_dagster_path " + " ".join(argv),
         "load_average_before": before,

@@ -769,6 +769,7 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "scaleout": render_scaleout,
     "bench_dagster_path": None,
     "bench_dagster_path_hit": None,
+    "bench_dagster_path_hit_nochecks": None,
     "bench_load_path": render_load_path,
     "bench_load_path_hitpath": render_load_path,
     "bench_hit_storage": None,

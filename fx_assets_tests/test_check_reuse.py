@@ -23,6 +23,7 @@ from fx_assets.assets import checks as checks_mod
 from fx_assets.core import fxcache, tables, verified
 from fx_assets.definitions import FEATURE_STAGES
 from fx_assets.partitions import partition_key
+from fx_assets_tests.test_asset_checks import flip_unsampled_price_byte
 from fx_assets_tests.test_cache_integrity import _flip_value
 from fx_assets_tests.test_pipeline import Q1, Q2, QUIET, defs_for
 
@@ -333,3 +334,160 @@ def test_a_record_that_cannot_be_written_only_costs_verifications(
     assert not verified.verify_once(f, "k", lambda p: None)  # remembered in this process
     verified.clear()
     assert verified.verify_once(f, "k", lambda p: None)
+
+
+def test_verify_against_once_verifies_again_when_either_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sidecar checked against its raw file: the pass is remembered with both files' stat
+    stamps; an edit of either (same size, mtime set back), a replaced sidecar, a link pointed at
+    another raw file, a code change or ``force`` verifies again."""
+    verified.clear()
+    side, raw = tmp_path / "s.arrow", tmp_path / "r.dbn.zst"
+    side.write_bytes(b"side")
+    raw.write_bytes(b"raw0")
+    link = tmp_path / "link.dbn.zst"
+    link.symlink_to(raw)
+    seen: list[tuple[bytes, bytes]] = []
+
+    def check(p: Path) -> None:
+        pair = (p.read_bytes(), link.read_bytes())
+        seen.append(pair)
+        if pair != (b"side", b"raw0"):
+            raise ValueError(f"{p}: source changed")
+
+    def once(**kw) -> bool:
+        verified.clear()  # each call as a fresh process would make it: only the record counts
+        return verified.verify_against_once(side, link, "sidecar_matches_source", check, **kw)
+
+    assert once() and not once() and len(seen) == 1
+    assert not verified.verify_against_once(side, link, "sidecar_matches_source", check)  # in memory
+    # the raw file edited in place, same size, its mtime set back: ctime moved
+    st = raw.stat()
+    _edit_in_place(raw, b"raw1")
+    os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ValueError, match="source changed"):
+        once()
+    with pytest.raises(ValueError, match="source changed"):  # a failure records nothing
+        once()
+    _edit_in_place(raw, b"raw0")
+    os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert once() and not once()
+    # the sidecar edited in place, then replaced by rename (same bytes): verified each time
+    sst = side.stat()
+    _edit_in_place(side, b"sidX")
+    os.utime(side, ns=(sst.st_atime_ns, sst.st_mtime_ns))
+    with pytest.raises(ValueError):
+        once()
+    tmp = tmp_path / "s.new"
+    tmp.write_bytes(b"side")
+    os.replace(tmp, side)
+    n = len(seen)
+    assert once() and not once() and len(seen) == n + 1
+    # the link pointed at a copy of the raw file (same bytes, same mtime): another file
+    copy = tmp_path / "copy.dbn.zst"
+    shutil.copy2(raw, copy)
+    link.unlink()
+    link.symlink_to(copy)
+    assert once() and not once()
+    # another package source, or forced: verified although the stamps are unchanged
+    monkeypatch.setattr(verified, "_code", lambda: "another package source")
+    assert once() and not once()
+    assert once(force=True) and not once()
+    # recorded beside the sidecar, for this pair only: a verification of the sidecar alone
+    # under the same name is another one
+    assert verified.record_path(side).is_file()
+    assert verified.verify_once(side, "sidecar_matches_source", check)
+    assert len(seen) == n + 5
+
+
+def _check_only(defs: dg.Definitions, inst: dg.DagsterInstance, quarter, run_config: dict | None = None):
+    """``predecoded_trades.sidecar_matches_source`` alone (the UI's "Execute" on the check)."""
+    key = dg.AssetCheckKey(dg.AssetKey("predecoded_trades"), "sidecar_matches_source")
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection=set(), asset_check_selection={key}
+    )
+    r = job.execute_in_process(
+        instance=inst,
+        partition_key=partition_key(quarter, "ES.FUT"),
+        run_config={**QUIET, **(run_config or {})},
+        raise_on_error=False,
+    )
+    assert set(job.graph.node_dict) == {"predecoded_trades_sidecar_matches_source"}
+    (ev,) = r.get_asset_check_evaluations()
+    return {
+        "passed": ev.passed,
+        "description": ev.description or "",
+        **{k: v.value for k, v in ev.metadata.items()},
+    }
+
+
+def test_sidecar_check_hashes_again_only_when_a_file_moved(
+    market3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(market3 / "raw", root / "raw")
+    defs = defs_for(root, last=Q1)
+    calls: list[str] = []
+    real = checks_mod.verify_sidecar
+
+    def counted(path, source):
+        calls.append(Path(path).name)
+        return real(path, source)
+
+    monkeypatch.setattr(checks_mod, "verify_sidecar", counted)
+    with dg.instance_for_test() as inst:
+        first = _checks(_run(defs, inst, Q1))
+        assert len(calls) == 2 and first["predecoded_trades.sidecar_matches_source"]["verdict"] == "evaluated"
+        verified.clear()  # a later run in another process: the records beside the sidecars
+        hit = _checks(_run(defs, inst, Q1))
+        assert len(calls) == 2, calls
+        for schema in ("trades", "mbp10"):
+            got = hit[f"predecoded_{schema}.sidecar_matches_source"]
+            assert got["passed"] and got["verdict"] == "reused", got
+
+        raw = root / "raw" / "trades" / "ES.FUT" / "ES.FUT_2024-Q1.dbn.zst"
+        (side,) = (root / "derived" / "predecoded" / "trades").rglob("ES.FUT_2024-Q1.*.arrow")
+        original, st = raw.read_bytes(), raw.stat()
+        # a same-size edit of the raw file with its mtime set back: hashed again, and it fails
+        verified.clear()
+        _edit_in_place(raw, bytes([original[0] ^ 0xFF]))
+        os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns))
+        bad = _check_only(defs, inst, Q1)
+        assert not bad["passed"] and "source changed" in bad["description"] and len(calls) == 3, (bad, calls)
+        _edit_in_place(raw, original[:1])
+        os.utime(raw, ns=(st.st_atime_ns, st.st_mtime_ns))
+        verified.clear()
+        good = _check_only(defs, inst, Q1)
+        assert good["passed"] and good["verdict"] == "evaluated" and len(calls) == 4
+        verified.clear()
+        assert _check_only(defs, inst, Q1)["verdict"] == "reused" and len(calls) == 4
+
+        # the sidecar replaced by a copy with one price byte changed: hashed again, it fails
+        side_bytes = side.read_bytes()
+        tmp = side.with_name("replacement.tmp")
+        shutil.copy2(side, tmp)
+        flip_unsampled_price_byte(tmp)
+        os.replace(tmp, side)
+        verified.clear()
+        bad = _check_only(defs, inst, Q1)
+        assert not bad["passed"] and "checksum mismatch in column price" in bad["description"], bad
+        assert len(calls) == 5
+        tmp.write_bytes(side_bytes)
+        os.replace(tmp, side)
+        verified.clear()
+        assert _check_only(defs, inst, Q1)["verdict"] == "evaluated" and len(calls) == 6
+
+        # a code change, or rehash asked for: hashed again although nothing moved
+        monkeypatch.setattr(verified, "_code", lambda: "another package source")
+        verified.clear()
+        assert _check_only(defs, inst, Q1)["verdict"] == "evaluated" and len(calls) == 7
+        verified.clear()
+        assert _check_only(defs, inst, Q1)["verdict"] == "reused" and len(calls) == 7
+        forced = _check_only(
+            defs,
+            inst,
+            Q1,
+            {"ops": {"predecoded_trades_sidecar_matches_source": {"config": {"rehash": True}}}},
+        )
+        assert forced["passed"] and forced["verdict"] == "evaluated" and len(calls) == 8

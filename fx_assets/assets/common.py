@@ -344,8 +344,8 @@ def recorded_verdict(
 
     ``inputs`` are content identities taken in this process: stage tables verified in full
     (:func:`fx_assets.core.verified.table_identity`), sidecars as their reuse check admits them
-    (source content hash and decoder identity; the sidecar's own blocking check re-hashes every
-    column in every run that selects it). The checks are deterministic functions of those bytes,
+    (source content hash and decoder identity; the sidecar's own blocking check hashes every
+    column again whenever the sidecar's or the raw file's stat stamp moved). The checks are deterministic functions of those bytes,
     the package source and the inputs' configs (in the file names' cache keys), so the same
     identities give the same verdict; any code change anywhere in the package re-evaluates. A
     failed evaluation records nothing.

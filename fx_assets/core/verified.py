@@ -22,6 +22,12 @@ that does not checksum its blocks). Any change to the package source verifies ev
 once. A record that is missing, torn, foreign or cannot be written (a read-only data root) only
 costs a full verification.
 
+:func:`verify_against_once` is the same for a verification that reads a second file: a sidecar
+checked against the raw file it was decoded from (the ``sidecar_matches_source`` check re-hashes
+both). It is remembered with the stat stamps of both files and the resolved path of the second,
+so a change to either (or a link pointed at another raw file) verifies again; the raw file's
+content identity already rests on its stamp (:mod:`fx_assets.core.source_hash`).
+
 :func:`table_identity` / :func:`fxcache_identity` are the content identities of a stage table
 and of an fxcache file once their bytes are verified here: the digest of the checksums written
 with them (what a recorded check verdict is keyed by).
@@ -46,6 +52,7 @@ __all__ = [
     "record_path",
     "table_identity",
     "verified_kinds",
+    "verify_against_once",
     "verify_once",
 ]
 
@@ -118,6 +125,39 @@ def verify_once(
         _DONE[key] = before
         if persist:
             _write_record(p, kind, before)
+    return True
+
+
+def verify_against_once(
+    path: Path | str,
+    source: Path | str,
+    kind: str,
+    verify: Callable[[Path], object],
+    *,
+    force: bool = False,
+) -> bool:
+    """:func:`verify_once` of a verification of ``path`` that also reads ``source`` in full (a
+    sidecar against its raw file): skipped while a passed verification of this ``kind`` is
+    remembered with the stat stamps of both files as they are now, the same resolved ``source``
+    and the same package source. ``force`` verifies whatever is recorded (and records a pass).
+    True when it ran; ``verify`` raises on a bad file (nothing is remembered then)."""
+    p, src = Path(path), Path(source)
+    # The source's resolved path is part of the kind: a sidecar checked against another raw file
+    # (a link re-pointed, a data root moved) is another verification.
+    kind = f"{kind}:{src.resolve()}"
+    key = (kind, str(p.resolve()))
+    before = _stamp(p) + _stamp(src)
+    if not force:
+        if _DONE.get(key) == before:
+            return False
+        if tuple(_read_record(p).get(kind, ())) == before:
+            _DONE[key] = before
+            return False
+    _DONE.pop(key, None)
+    verify(p)
+    if _stamp(p) + _stamp(src) == before:  # what was verified still carries these stamps
+        _DONE[key] = before
+        _write_record(p, kind, before)
     return True
 
 
