@@ -410,15 +410,25 @@ class _Prepared:
     ) -> _Prepared:
         """``value`` per row (in the rows' order; default: the binary accuracy's hit)."""
         order = np.argsort(score, kind="stable")
-        s = score[order]
-        grp = np.concatenate(([0], np.cumsum(s[1:] != s[:-1]))).astype(np.int64) if s.size else order
-        u = up[order]
+        return cls.sorted(score[order], up[order], rows[order], None if value is None else value[order])
+
+    @classmethod
+    def sorted(
+        cls,
+        s: F64,
+        u: npt.NDArray[np.bool_],
+        rows: npt.NDArray[np.int64],
+        value: npt.NDArray[np.float64] | None = None,
+    ) -> _Prepared:
+        """:meth:`of` of rows already in score order (ties in row order, as a stable sort
+        leaves them): a regime bin's rows are its cell's "all" rows filtered, no sort again."""
+        grp = np.concatenate(([0], np.cumsum(s[1:] != s[:-1]))).astype(np.int64) if s.size else rows
         return cls(
-            rows=rows[order],
+            rows=rows,
             grp=grp,
             n_grp=int(grp[-1]) + 1 if s.size else 0,
             pos=u.astype(np.float64),
-            value=((s > 0.5) == u).astype(np.float64) if value is None else value[order].astype(np.float64),
+            value=((s > 0.5) == u).astype(np.float64) if value is None else value.astype(np.float64),
         )
 
     def auc_acc(self, counts: npt.NDArray[np.int64]) -> tuple[float, float]:
@@ -450,6 +460,24 @@ class _ThreeClass:
         hit = (np.argmax(proba, axis=1) == k).astype(np.float64)
         values = (hit, (k == 1).astype(np.float64), (k == 0).astype(np.float64))
         return cls(per_class=[_Prepared.of(proba[:, j], k == j, rows, values[j]) for j in range(3)])
+
+    @classmethod
+    def sorted(
+        cls,
+        proba: F64,
+        k: npt.NDArray[np.int64],
+        hit: npt.NDArray[np.float64],
+        rows_by_class: list[npt.NDArray[np.int64]],
+    ) -> _ThreeClass:
+        """:meth:`of` from the unit's full ``proba`` [n, 3], true class ``k`` [n] and argmax
+        ``hit`` [n], with the cell's rows already in the order of each class's probability
+        (``rows_by_class[j]``; ties in row order)."""
+        per = []
+        for j, r in enumerate(rows_by_class):
+            kr = k[r]
+            value = (hit[r], (kr == 1).astype(np.float64), (kr == 0).astype(np.float64))[j]
+            per.append(_Prepared.sorted(proba[r, j], kr == j, r, value))
+        return cls(per_class=per)
 
     def metrics(self, counts: npt.NDArray[np.int64]) -> tuple[float, ...]:
         """(acc3, auc_stationary, auc_macro, share_up, share_stationary, share_down) with row
@@ -657,6 +685,14 @@ def signal_report(
                     for q in range(1, cfg.n_quantiles + 1):
                         inb = b == q
                         groups.append((rg, q, float(ext[q - 1]), float(ext[q]), lab & inb, defined & inb))
+                # One stable sort per (model, horizon); a bin's rows in score order are these
+                # filtered (ties stay in row order), so every cell's figures are as if sorted alone.
+                lab_rows = np.flatnonzero(lab)
+                by_score = lab_rows[np.argsort(score[lab_rows], kind="stable")]
+                if proba is not None:
+                    def_rows = np.flatnonzero(defined)
+                    by_class = [def_rows[np.argsort(proba[def_rows, j], kind="stable")] for j in range(3)]
+                    hit3 = (np.argmax(proba, axis=1) == k3).astype(np.float64)
                 for rg, q, lo_e, hi_e, m, m3 in groups:
                     s, up = score[m], y[m] > 0
                     c = Cell(
@@ -683,11 +719,12 @@ def signal_report(
                         if math.isfinite(nul.null_sd) and math.isfinite(c.auc):
                             c.in_null_band = bool(abs(c.auc - 0.5) <= cfg.null_band_z * nul.null_sd)
                     if proba is not None:
-                        threes.append(
-                            (len(unit_cells), _three_class_cell(c, proba, k3, m3, rg, y, block, cfg))
-                        )
+                        _three_class_cell(c, proba, k3, m3, rg, y, block, cfg)
+                        cell_rows = [r[m3[r]] for r in by_class]
+                        threes.append((len(unit_cells), _ThreeClass.sorted(proba, k3, hit3, cell_rows)))
                     unit_cells.append(c)
-                    preps.append(_Prepared.of(s, up, np.flatnonzero(m)))
+                    r = by_score[m[by_score]]
+                    preps.append(_Prepared.sorted(score[r], y[r] > 0, r))
         # One replicate's row counts serve every cell of the unit (paired intervals).
         boot = np.empty((2, len(preps), cfg.n_boot))
         boot3 = np.empty((len(threes), 4, cfg.n_boot))  # acc3, auc_stationary, auc_macro, share_stationary
@@ -727,10 +764,10 @@ def _three_class_cell(
     y: F64,
     block: int,
     cfg: SignalReportConfig,
-) -> _ThreeClass:
+) -> None:
     """Set the three-class point values of cell ``c`` (rows ``m3`` of the unit: defined labels
     in the cell's bin; ``k3`` the true class index of every row) and, on the "all" cell, the
-    stationary AUC's null band; returns the cell's rows for the bootstrap."""
+    stationary AUC's null band."""
     rows = np.flatnonzero(m3)
     p, k = proba[rows], k3[rows]
     aucs = [M.auc(p[:, j], k == j) if rows.size else math.nan for j in range(3)]
@@ -748,4 +785,3 @@ def _three_class_cell(
         c.stationary_null_sd, c.stationary_null_p = nul.null_sd, nul.p_value
         if math.isfinite(nul.null_sd) and math.isfinite(c.auc_stationary):
             c.stationary_in_null_band = bool(abs(c.auc_stationary - 0.5) <= cfg.null_band_z * nul.null_sd)
-    return _ThreeClass.of(p, k, rows)
