@@ -458,8 +458,12 @@ class _ThreeClass:
     def of(cls, proba: F64, k: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> _ThreeClass:
         """``proba`` [m, 3] and true class index ``k`` (0 up, 1 stationary, 2 down) of ``rows``."""
         hit = (np.argmax(proba, axis=1) == k).astype(np.float64)
-        values = (hit, (k == 1).astype(np.float64), (k == 0).astype(np.float64))
-        return cls(per_class=[_Prepared.of(proba[:, j], k == j, rows, values[j]) for j in range(3)])
+        # :meth:`sorted` over positions 0..m-1, then positions mapped to the cell's rows: one
+        # place builds the per-class values
+        tc = cls.sorted(proba, k, hit, [np.argsort(proba[:, j], kind="stable") for j in range(3)])
+        for pr in tc.per_class:
+            pr.rows = rows[pr.rows]
+        return tc
 
     @classmethod
     def sorted(

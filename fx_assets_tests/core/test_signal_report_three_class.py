@@ -153,12 +153,14 @@ def test_replicate_metrics_equal_those_of_the_resampled_rows() -> None:
     y, p = _planted(n, rng)
     p = np.round(p, 1)
     k = np.where(y > 0, 0, np.where(y < 0, 2, 1))
-    rows = np.arange(n)
+    # the cell's rows are a shuffled part of the unit's rows (weights are looked up through them)
+    n_unit = n + 137
+    rows = rng.permutation(n_unit)[:n]
     tc = _ThreeClass.of(p, k, rows)
-    starts = block_starts(n, 30, 3, rng)
+    starts = block_starts(n_unit, 30, 3, rng)
     for b in range(3):
-        cnt = replicate_counts(starts[b], n, 30)
-        idx = np.repeat(rows, cnt)
+        cnt = replicate_counts(starts[b], n_unit, 30)
+        idx = np.repeat(np.arange(n), cnt[rows])
         pk, kk = p[idx], k[idx]
         aucs = [auc(pk[:, j], kk == j) for j in range(3)]
         want = (
