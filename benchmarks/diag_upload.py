@@ -198,10 +198,21 @@ def main() -> None:
     ap.add_argument("--out", default="diag_upload.json")
     ap.add_argument("--old", default=None, help="another device_store.py: its _stream_specs runs as 'old'")
     ap.add_argument("--pieces", action="store_true", help="also time preadv, XXH3 and copies alone")
+    ap.add_argument(
+        "--staging-mib",
+        default=None,
+        help="comma list of staging chunk sizes (MiB): only these variants, the list run twice in turn",
+    )
     a = ap.parse_args()
     paths = sorted(Path(a.data).glob("*.fxcache"))
     items = loader_items(paths)
-    res: dict[str, Any] = {"machine": machine(), "files": [p.name for p in paths], "variants": []}
+    res: dict[str, Any] = {
+        "command": " ".join(["python -m benchmarks.diag_upload", *sys.argv[1:]]),
+        "when": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "machine": machine(),
+        "files": [p.name for p in paths],
+        "variants": [],
+    }
     old = None
     if a.old:
         import importlib.util
@@ -225,6 +236,9 @@ def main() -> None:
         dict(nohash=False, staging_bytes=32 << 20),
         dict(nohash=False, old=True, staging_bytes=32 << 20),
     ]
+    if a.staging_mib:
+        sizes = [int(m) for m in a.staging_mib.split(",")]
+        grid = [dict(nohash=False, staging_bytes=m << 20) for _ in range(2) for m in sizes]
     for g in grid:
         g = {**g}
         nh = bool(g.pop("nohash"))
