@@ -35,15 +35,15 @@ demo: install instance
 	$(DEMO_ENV) FX_LAST_QUARTER=2024-Q4 $(VENV)/bin/fx-assets demo
 
 test: install instance
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 # Tests marked slow (end-to-end honesty on a larger synthetic market).
 test-slow: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not gpu and not postgres and not browser"
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "slow and not gpu and not postgres and not browser"
 
 # Through a running Dagster: dagster dev (webserver + daemon) on 127.0.0.1, driven by GraphQL.
 test-e2e: install
-	$(PY) -m pytest -q -p no:xdist -m "e2e and not browser and not postgres" fx_assets_tests/e2e
+	$(PY) -m pytest -q -p no:xdist --durations=15 -m "e2e and not browser and not postgres" fx_assets_tests/e2e
 
 # Everything that runs on a CPU machine.
 test-all: install

@@ -21,4 +21,5 @@ runuser -u fxpg -- "$INITDB" -D "$DIR/data" -U fx --auth=trust >/dev/null
 runuser -u fxpg -- "$PG_CTL" -D "$DIR/data" -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1" -l "$DIR/log" -w start >/dev/null
 trap 'runuser -u fxpg -- "$PG_CTL" -D "$DIR/data" -m fast stop >/dev/null; rm -rf "$DIR"' EXIT
 export PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=fx PGPASSWORD=unused PGDATABASE=postgres
-.venv/bin/python -m pytest -q -m postgres -p no:cacheprovider
+# each test makes its own database and dagster dev port, so the two run side by side
+.venv/bin/python -m pytest -q -m postgres -p no:cacheprovider -n 2 --dist loadfile --durations=5
