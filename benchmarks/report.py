@@ -798,7 +798,11 @@ def render_hit_floor(name: str, res: dict[str, Any] | None) -> str:
             f"{fmt(prof['split'].get('events'))} events.",
             "",
             table(
-                ["where (cumulative; storage overlaps the rows above it)", "CPU s (profiled)", "share"],
+                [
+                    "where (cumulative; event storage includes the events of create_run and resource init)",
+                    "CPU s (profiled)",
+                    "share",
+                ],
                 [[k, fmt(v), fmt(share[k])] for k, v in cpu.items()],
             ),
         ]
