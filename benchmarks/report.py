@@ -754,6 +754,61 @@ def render_load_path(name: str, res: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def render_hit_floor(name: str, res: dict[str, Any] | None) -> str:
+    """``diag_dagster_hit_floor``: run duration of the 7 stages' cache hit in each step shape with
+    bodies that do nothing (Dagster's floor), one check run alone, and the CPU split of a real hit."""
+    if res is None:
+        return f"`results/{name}.json`: not run."
+    fl = res["floor"]
+    what = {
+        "14_steps": "7 `@asset` + 7 `@asset_check` (today: 14 steps)",
+        "7_steps": "checks in each asset's `check_specs` (7 steps)",
+        "1_step": "one `@multi_asset(can_subset=True)` with 7 specs and 7 check specs (1 step)",
+    }
+    rows = [
+        [
+            what.get(shape, shape),
+            fmt_rounds(f["run_seconds"], 1.0, "s"),
+            fmt_rounds(f["cpu_seconds"], 1.0, "s"),
+            fmt(f["events"]["median"]),
+            fmt(f["seconds_per_event_in_run"]),
+        ]
+        for shape, f in fl["figures"].items()
+    ]
+    alone = fl["one_check_alone_1_step"]
+    lines = [
+        provenance(name, res),
+        "",
+        table(["shape (bodies do nothing)", "run duration", "CPU", "events", "run s / event in run"], rows),
+        "",
+        f"One check of the 1-step shape run alone: {fmt(alone['steps'])} step, "
+        f"{fmt(alone['materializations'])} materializations, {fmt(alone['check_evaluations'])} check "
+        f"evaluation, run {fmt(alone['run_seconds'])} s, {fmt(alone['events'])} events.",
+    ]
+    prof = res.get("profile")
+    if prof:
+        cpu = prof["cpu_seconds_profiled"]
+        share = prof["cpu_share"]
+        lines += [
+            "",
+            f"A real full hit of `build_features` ({prof['partition']}) under cProfile (CPU timer): "
+            f"{fmt(prof['execute_in_process']['cpu_seconds'])} s CPU in `execute_in_process`, run "
+            f"{fmt(prof['split'].get('asset_steps_seconds'))} s in asset steps, "
+            f"{fmt(prof['split'].get('check_steps_seconds'))} s in check steps, "
+            f"{fmt(prof['split'].get('events'))} events.",
+            "",
+            table(
+                [
+                    "where (cumulative; event storage includes the events of create_run and resource init)",
+                    "CPU s (profiled)",
+                    "share",
+                ],
+                [[k, fmt(v), fmt(share[k])] for k, v in cpu.items()],
+            ),
+        ]
+    return "\n".join(lines)
+
+
 # --- sections ---------------------------------------------------------------------------------
 
 # Result files with their own section in benchmarks/README.md (renderer; None = generic). Every
@@ -770,6 +825,7 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_dagster_path": None,
     "bench_dagster_path_hit": None,
     "bench_dagster_path_hit_nochecks": None,
+    "diag_dagster_hit_floor": render_hit_floor,
     "bench_load_path": render_load_path,
     "bench_load_path_hitpath": render_load_path,
     "bench_hit_storage": None,
