@@ -919,6 +919,16 @@ def _bar_pass_nb(
     """
     xs = np.empty(kyle_w)
     ys = np.empty(kyle_w)
+    # Kyle's (x, y) of every bar the shard's windows reach, once: each bar's window then copies
+    # them instead of recomputing the same differences for each of the kyle_w bars holding it.
+    k0 = max(b0 - kyle_w + 1, 1)
+    kx = np.empty(max(b1 - k0, 0))
+    ky = np.empty(max(b1 - k0, 0))
+    kok = np.empty(max(b1 - k0, 0), np.bool_)
+    for k in range(k0, b1):
+        kok[k - k0] = asof[k] >= 0 and asof[k - 1] >= 0
+        ky[k - k0] = (loc[k, _L_LNM] - loc[k - 1, _L_LNM]) * rv_scale
+        kx[k - k0] = loc[k, _L_BUY] - loc[k, _L_SELL]
     # ptr[k]: trade index at or before the one holding VPIN boundary k+1 of the previous bar.
     # Boundaries only move forward within a segment (the cumulative volume at τ_j does), so
     # every pointer only advances; it restarts at the segment's first trade on a new segment
@@ -963,9 +973,9 @@ def _bar_pass_nb(
         # -- Kyle's λ: OLS with intercept over the last kyle_w bars of the segment
         m = 0
         for k in range(max(j - kyle_w + 1, s0 + 1), j + 1):
-            if asof[k] >= 0 and asof[k - 1] >= 0:
-                ys[m] = (loc[k, _L_LNM] - loc[k - 1, _L_LNM]) * rv_scale
-                xs[m] = loc[k, _L_BUY] - loc[k, _L_SELL]
+            if kok[k - k0]:
+                ys[m] = ky[k - k0]
+                xs[m] = kx[k - k0]
                 m += 1
         lam = math.nan
         if m >= kyle_min:
@@ -1136,6 +1146,16 @@ def _search_right_nb(ts, q, out):
                     up = mid
             p = up
         out[j] = p
+
+
+def search_right(ts: I64, q: I64, out: I64) -> None:
+    """``out[:] = np.searchsorted(ts, q, side="right")`` for ascending ``ts`` (int64) and
+    ``q``, by one forward merge (:func:`_search_right_nb`); unsorted ``q`` falls back to
+    ``np.searchsorted``, which gives the same answer for any ``q``."""
+    if q.shape[0] > 1 and not bool(np.all(q[1:] >= q[:-1])):
+        out[:] = np.searchsorted(ts, q, side="right")
+        return
+    _search_right_nb(ts, q, out)
 
 
 def _as_f64(x: npt.ArrayLike, name: str, ndim: int) -> F64:
@@ -1430,10 +1450,21 @@ def ofi_warmup_bars(prev_bar_volume: npt.ArrayLike, config: OfiConfig) -> int:
     trades sharing the boundary timestamp; capped at the number of bars available.
     """
     v = np.asarray(prev_bar_volume, dtype=np.float64)
+    n = v.shape[0]
     need = config.vpin_buckets * config.vpin_bucket_volume
-    csum = np.cumsum(v[::-1])
-    k_vpin = int(np.searchsorted(csum, need, side="left")) + 2
-    return int(min(v.shape[0], max(config.effective_warmup_bars, k_vpin)))
+    # The running sum from the last bar back, over a growing tail: its first t sums are those
+    # of the whole reversed column (np.cumsum adds in order), so the first sum reaching
+    # ``need`` is found without summing a quarter's bars for every chunk of quarter_ofi.
+    t = 1024
+    while True:
+        t = min(t, n)
+        csum = np.cumsum(v[n - t :][::-1])
+        k = int(np.searchsorted(csum, need, side="left"))
+        if k < t or t == n:
+            break
+        t *= 4
+    k_vpin = k + 2
+    return int(min(n, max(config.effective_warmup_bars, k_vpin)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from fx_assets.core.ofi import (
     compute_ofi_features,
     ofi_feature_registry,
     ofi_warmup_bars,
+    search_right,
     validate_ofi,
 )
 
@@ -506,6 +507,39 @@ def test_search_right_equals_searchsorted() -> None:
         out = np.empty(q.shape[0], np.int64)
         _search_right_nb(ts, q, out)
         np.testing.assert_array_equal(out, np.searchsorted(ts, q, side="right"))
+
+
+def test_search_right_wrapper_equals_searchsorted_sorted_or_not() -> None:
+    """quarter_ofi's chunk plan: the merge for ascending queries, np.searchsorted otherwise;
+    either way the answer of np.searchsorted."""
+    rng = np.random.default_rng(24)
+    for trial in range(60):
+        ts = np.sort(rng.integers(0, 300, int(rng.integers(0, 500)))).astype(np.int64)
+        q = rng.integers(-10, 320, int(rng.integers(0, 120))).astype(np.int64)
+        if trial % 2:
+            q = np.sort(q)
+        out = np.full(q.shape[0], -7, np.int64)
+        search_right(ts, q, out)
+        np.testing.assert_array_equal(out, np.searchsorted(ts, q, side="right"))
+
+
+def _warmup_bars_whole_column(v: np.ndarray, cfg: OfiConfig) -> int:
+    """ofi_warmup_bars as first written: the running sum over every bar, from the last back."""
+    csum = np.cumsum(v[::-1])
+    k = int(np.searchsorted(csum, cfg.vpin_buckets * cfg.vpin_bucket_volume, side="left")) + 2
+    return int(min(v.shape[0], max(cfg.effective_warmup_bars, k)))
+
+
+def test_warmup_bars_from_the_tail_equal_the_whole_column_sum() -> None:
+    """ofi_warmup_bars sums a growing tail of the bars: the same count as summing all of them,
+    whether the VPIN volume is reached within the first tail, after it grew, or never."""
+    rng = np.random.default_rng(25)
+    for n in (0, 1, 5, 1023, 1024, 1025, 3000, 9000):
+        for need in (1.0, 500.0, 1e4, 1e5, 1e6, 1e9):
+            v = rng.integers(95, 140, n).astype(np.float64)
+            v[rng.random(n) < 0.1] = rng.uniform(0.0, 3.5)  # fractional and small volumes too
+            cfg = small_cfg(vpin_buckets=10, vpin_bucket_volume=need / 10)
+            assert ofi_warmup_bars(v, cfg) == _warmup_bars_whole_column(v, cfg), (n, need)
 
 
 def test_tick_size_defaults_to_config_and_keyword_overrides() -> None:
