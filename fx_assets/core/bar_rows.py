@@ -354,11 +354,18 @@ def quarter_ofi(
 
     # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
     # differences are used, so the previous quarter's events before the warm-up cancel out.
+    # One forward merge per source (the closes ascend): a binary search per bar over the
+    # quarter's ~25 M trade stamps took ~0.2 s on one core before any chunk could start.
     cum = np.zeros(n_all, dtype=np.int64)
+    hits = np.empty(n_all, dtype=np.int64)
+    tc = np.ascontiguousarray(ts_close, dtype=np.int64)
     for _, c in sources:
-        cum += np.searchsorted(c["ts_recv"], ts_close, side="right")
+        ofi_core.search_right(c["ts_recv"], tc, hits)
+        cum += hits
     for t in trade_sources:
-        cum += np.searchsorted(t.ts, ts_close, side="right") // TRADE_WEIGHT
+        ofi_core.search_right(t.ts, tc, hits)
+        cum += hits // TRADE_WEIGHT
+    del hits
     bounds = [n_warm]
     while bounds[-1] < n_all:
         start = bounds[-1]

@@ -21,6 +21,7 @@ from fx_assets.core.ofi import (
     compute_ofi_features,
     ofi_feature_registry,
     ofi_warmup_bars,
+    search_right,
     validate_ofi,
 )
 
@@ -485,6 +486,64 @@ def test_vpin_against_definition_with_long_boundary_moves_and_shards() -> None:
         assert_same(seq, par, tol=0.0)
 
 
+def _vpin_by_search(t_ts, size, sign, tau, inst, n_buckets: int, v: float) -> np.ndarray:
+    """The bar pass's VPIN as first written, in Python: every boundary's trade found by a
+    search (no cache of F values), the same float operations in the same order."""
+    cumv, cumd = np.cumsum(size), np.cumsum(size * sign)
+    hi = np.searchsorted(t_ts, tau, side="right")
+    lo = np.concatenate([[0], hi[:-1]])
+    out = np.full(len(tau), np.nan)
+    s0 = 0
+    for j in range(len(tau)):
+        if j and inst[j] != inst[j - 1]:
+            s0 = j
+        tlo, thi = int(lo[s0]), int(hi[j])
+        base = float(cumv[tlo - 1]) if tlo > 0 else 0.0
+        cj = float(cumv[thi - 1]) if thi > tlo else base
+        if not (thi > tlo and cj - n_buckets * v >= base - 1e-9):
+            continue
+        acc, fhi = 0.0, float(cumd[thi - 1])
+        for k in range(1, n_buckets + 1):
+            c = cj - k * v
+            i = min(tlo + int(np.searchsorted(cumv[tlo:thi], c, side="left")), thi - 1)
+            flo = float(cumd[i]) - float(sign[i]) * (float(cumv[i]) - c)
+            acc += abs(fhi - flo)
+            fhi = flo
+        out[j] = acc / (n_buckets * v)
+    return out
+
+
+@pytest.mark.parametrize("fractional", [False, True])
+def test_vpin_ring_of_f_values_equals_the_search_bit_for_bit(fractional: bool) -> None:
+    """VPIN reads F at integer boundaries from a ring filled as the bars advance; it must give
+    the searched value bit for bit: integer sizes (every boundary from the ring), a bar longer
+    than the ring (the fill skips ahead), a roll (the ring restarts), zero sizes, and
+    fractional sizes (boundaries off the integers: the search)."""
+    rng = np.random.default_rng(26)
+    n_tr = 5000
+    t0 = 1_700_000_000_000_000_000
+    t_ts = t0 + np.sort(rng.integers(0, 10**12, n_tr))
+    size = rng.choice(np.array([0.0, 1.0, 1.0, 2.0, 3.0, 7.0]), n_tr)
+    size[[900, 901, 3100]] = [9000.0, 12_000.0, 20_000.0]  # bars longer than the 8192 ring
+    if fractional:
+        size[rng.random(n_tr) < 0.3] += 0.25
+    sign = rng.choice(np.array([-1, 0, 1, 1], np.int8), n_tr)
+    trades = TradeArrays(t_ts, np.full(n_tr, 1.1), size, sign)
+    cut = np.sort(rng.choice(np.arange(1, n_tr - 1), 400, replace=False))
+    tau = np.append(t_ts[cut], t_ts[-1])
+    inst = np.ones(len(tau), np.uint32)
+    inst[250:] = 2
+    book, _, _, _ = make_market(26, n_snap=300, n_trades=10, n_bars=3, roll_at=None)
+    cfg = small_cfg(vpin_bucket_volume=7.0, vpin_buckets=40, n_shards=1, n_workers=1)
+    want = _vpin_by_search(t_ts, size, sign.astype(float), tau, inst, 40, 7.0)
+    assert np.isfinite(want).sum() > 300
+    for k in (1, 3, 7):
+        got = run(book, trades, tau, inst, small_cfg(**{**cfg.model_dump(), "n_shards": k})).columns[
+            "vpin_40"
+        ]
+        np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
 def test_first_ge_equals_searchsorted_from_any_start() -> None:
     rng = np.random.default_rng(22)
     for trial in range(300):
@@ -506,6 +565,39 @@ def test_search_right_equals_searchsorted() -> None:
         out = np.empty(q.shape[0], np.int64)
         _search_right_nb(ts, q, out)
         np.testing.assert_array_equal(out, np.searchsorted(ts, q, side="right"))
+
+
+def test_search_right_wrapper_equals_searchsorted_sorted_or_not() -> None:
+    """quarter_ofi's chunk plan: the merge for ascending queries, np.searchsorted otherwise;
+    either way the answer of np.searchsorted."""
+    rng = np.random.default_rng(24)
+    for trial in range(60):
+        ts = np.sort(rng.integers(0, 300, int(rng.integers(0, 500)))).astype(np.int64)
+        q = rng.integers(-10, 320, int(rng.integers(0, 120))).astype(np.int64)
+        if trial % 2:
+            q = np.sort(q)
+        out = np.full(q.shape[0], -7, np.int64)
+        search_right(ts, q, out)
+        np.testing.assert_array_equal(out, np.searchsorted(ts, q, side="right"))
+
+
+def _warmup_bars_whole_column(v: np.ndarray, cfg: OfiConfig) -> int:
+    """ofi_warmup_bars as first written: the running sum over every bar, from the last back."""
+    csum = np.cumsum(v[::-1])
+    k = int(np.searchsorted(csum, cfg.vpin_buckets * cfg.vpin_bucket_volume, side="left")) + 2
+    return int(min(v.shape[0], max(cfg.effective_warmup_bars, k)))
+
+
+def test_warmup_bars_from_the_tail_equal_the_whole_column_sum() -> None:
+    """ofi_warmup_bars sums a growing tail of the bars: the same count as summing all of them,
+    whether the VPIN volume is reached within the first tail, after it grew, or never."""
+    rng = np.random.default_rng(25)
+    for n in (0, 1, 5, 1023, 1024, 1025, 3000, 9000):
+        for need in (1.0, 500.0, 1e4, 1e5, 1e6, 1e9):
+            v = rng.integers(95, 140, n).astype(np.float64)
+            v[rng.random(n) < 0.1] = rng.uniform(0.0, 3.5)  # fractional and small volumes too
+            cfg = small_cfg(vpin_buckets=10, vpin_bucket_volume=need / 10)
+            assert ofi_warmup_bars(v, cfg) == _warmup_bars_whole_column(v, cfg), (n, need)
 
 
 def test_tick_size_defaults_to_config_and_keyword_overrides() -> None:
