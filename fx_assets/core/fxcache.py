@@ -572,6 +572,9 @@ class FxCacheWriter:
         self._px_buf: F64 | None = None
         self._val_buf: npt.NDArray[Any] | None = None
         self._done = False
+        #: the header written by :meth:`finish` (its region checksums are those of the bytes
+        #: that were checked in memory), None before
+        self.header: FxCacheHeader | None = None
         self._fd = -1
         self._stack = contextlib.ExitStack()
         try:
@@ -754,6 +757,7 @@ class FxCacheWriter:
             raise
         self._done = True
         self._stack.close()  # os.replace into place
+        self.header = header
         return self.path
 
     def abort(self) -> None:
@@ -788,6 +792,7 @@ def write_fxcache(
     meta: Mapping[str, Any] | None = None,
     *,
     chunk_rows: int = WRITE_CHUNK_ROWS,
+    read_back: bool = False,
 ) -> Path:
     """Write an fxcache file of bar rows from whole arrays, atomically, and return its path.
 
@@ -798,6 +803,10 @@ def write_fxcache(
     memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file, column and
     bar on non-finite values (also after rounding to the stored dtype) and when OFI columns are
     present but all zero: an OFI-less file must say so, not carry zeros.
+
+    ``read_back``: then read the file back and verify it in full at the cost of its checksums
+    (:func:`fx_assets.core.verified.verify_written_fxcache`), which records it as verified: the
+    ``fxcache_valid`` check and a reuse of this file do not verify it again.
     """
     path = Path(path)
     ts_arr = np.ascontiguousarray(ts, dtype=np.int64)
@@ -812,7 +821,13 @@ def write_fxcache(
     arrays = {g: _as_block(path, g, names[g], columns[g][1], n) for g in names}
     w = FxCacheWriter(path, names, dtype, cache_key, n, meta, chunk_rows=chunk_rows, row_label="bar")
     w._append(ts_arr, arrays, 0, n)
-    return w.finish()
+    out = w.finish()
+    if read_back:
+        from fx_assets.core.verified import verify_written_fxcache
+
+        assert w.header is not None
+        verify_written_fxcache(out, w.header)
+    return out
 
 
 def _check_finite_block(
