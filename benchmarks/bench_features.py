@@ -409,9 +409,9 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     ``features``): keyed paths from ``StageIO`` (source identities, cache keys), sidecars via
     ``require_sidecar`` (reuse + checksum verification), the one core function, the asset's
     own checks, and ``write_table`` (stage-table checksums) / ``write_fxcache``; the fxcache
-    stage also runs its blocking asset check's verification (``verify_once(path, "fxcache",
-    verify_fxcache)`` after the asset's ``write_fxcache(..., read_back=True)``; a checkout
-    without the read-back: ``verify_fxcache``). Wall and CPU time per stage;
+    stage also runs its blocking asset check's verifications (``fxcache_identity`` and
+    ``verify_once(path, "fxcache", verify_fxcache)``; after the asset's ``write_fxcache(...,
+    read_back=True)`` where the checkout has it, they find the file verified). Wall and CPU time per stage;
     the output checksums, so that runs before and after a change can be compared."""
     t_imp = time.perf_counter()
     import numpy as np
@@ -448,14 +448,13 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
 
     import inspect
 
-    # The fxcache asset's read-back verification and the fxcache_valid check's call, where this
-    # checkout has them (else: write_fxcache, then verify_fxcache as the check ran it).
+    # The fxcache asset's read-back verification where this checkout has it, and the
+    # fxcache_valid check's verifications (fxcache_identity: every byte against the checksums;
+    # verify_once of verify_fxcache) where it has them (else verify_fxcache alone).
     read_back = "read_back" in inspect.signature(write_fxcache).parameters
     try:
-        from fx_assets.core.verified import verify_once
+        from fx_assets.core.verified import fxcache_identity, verify_once
     except ImportError:
-        verify_once = None  # type: ignore[assignment]
-    if not read_back:
         verify_once = None  # type: ignore[assignment]
 
     def _active(io: Any, quarter: Any) -> Any:
@@ -554,7 +553,8 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
             write_fxcache(path, ts, groups, io.cfg.fxcache.dtype, bytes.fromhex(key), meta)
         t_write = time.perf_counter() - t
         t = time.perf_counter()
-        if verify_once is not None:  # what the fxcache_valid check runs
+        if verify_once is not None:  # what the fxcache_valid check verifies, in its order
+            fxcache_identity(path)
             verify_once(path, "fxcache", verify_fxcache)
         else:
             verify_fxcache(path)
@@ -1018,9 +1018,9 @@ def run(
             "(reused after their checksum verification), numba caches warm, the previous quarter's "
             "outputs present; each stage through the calls its asset body makes (StageIO keys, "
             "require_sidecar, the core function, the asset's own checks, write_table with checksums, "
-            "write_fxcache with its read-back verification, then the fxcache_valid check's "
-            "verify_once(path, 'fxcache', verify_fxcache); a checkout without the read-back: "
-            "write_fxcache then verify_fxcache)",
+            "write_fxcache (with its read-back verification where the checkout has it), then the "
+            "fxcache_valid check's verifications: fxcache_identity and verify_once(path, 'fxcache', "
+            "verify_fxcache))",
             "pipeline": "PipelineConfig() defaults",
             "rounds": n_rounds,
         },

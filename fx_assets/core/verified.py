@@ -72,10 +72,11 @@ def _stamp(path: Path) -> _Stamp:
 
 @functools.cache
 def _code() -> str:
-    """The package source fingerprint (one read of the sources per process)."""
-    from fx_assets.core.codeversion import source_fingerprint
+    """The package source fingerprint (one read of the sources per process, shared with the
+    stage versions)."""
+    from fx_assets.core.codeversion import package_fingerprint
 
-    return source_fingerprint()
+    return package_fingerprint()
 
 
 def record_path(path: Path | str) -> Path:
