@@ -246,6 +246,26 @@ def test_trend_tvalue_four_bars_at_a_time_is_the_one_bar_kernel_bit_for_bit(lmin
             assert np.isfinite(want).sum() > 2000 and (np.abs(want) == 50.0).any() and (want == 0.0).any()
 
 
+@pytest.mark.parametrize("w", [2, 5, 50])
+def test_rolling_z_and_rv_four_bars_at_a_time_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
+    """The 4-lane z-score and realized-vol kernels (what the features use) against the one-bar
+    kernels: every bar bit for bit, for lengths that leave 0-3 bars to the one-bar tail (and
+    shorter than the window), with a NaN, constant stretches (std 0 -> z 0) and large values."""
+    from fx_assets.core.bar_features import _rolling_z4_nb, _rolling_z_nb, _rv4_nb, _rv_nb
+
+    rng = np.random.default_rng(17)
+    x = rng.normal(3.0, 1.5, 2000)
+    x[300:400] = 2.5  # constant: std 0
+    x[700] = 1e12
+    x[900] = np.nan
+    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1):
+        for fast, slow in ((_rolling_z4_nb, _rolling_z_nb), (_rv4_nb, _rv_nb)):
+            want, got = slow(x[:n], w), fast(x[:n], w)
+            assert got.tobytes() == want.tobytes(), (fast.__name__, n)
+    z = _rolling_z_nb(x, w)
+    assert (z[300 + w : 400] == 0.0).all() and np.isfinite(z[w:300]).all()
+
+
 def test_cusum_kernel_writes_only_the_outputs_asked_for() -> None:
     """An empty output array is skipped; the others are the same as with all three asked for
     (the CUSUM filter of bench_peers asks for the event flags alone)."""
