@@ -43,6 +43,7 @@ import math
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -511,7 +512,8 @@ class FxCacheWriter:
     order), hashed into its region's running XXH3-128 and written at its offset of a temporary
     file beside ``path`` (``atomic.atomic_path``). :meth:`finish` checks that exactly
     ``n_rows`` rows came, writes the JSON trailer and then the header with the checksums, and
-    renames the file into place. Memory is one chunk (``chunk_rows`` rows of each block) whatever
+    renames the file into place. Memory is two chunks (``chunk_rows`` rows of each block: the
+    next one is filled on a second thread while the current one is hashed and written) whatever
     the file size; the bytes are those :func:`write_fxcache` writes for the same rows.
 
     A writer that fails (an exception, :meth:`abort`) removes its temporary file; one that is
@@ -569,8 +571,8 @@ class FxCacheWriter:
         self._last_ts: int | None = None
         self._ofi_nonzero = False
         self._hash = {r: checksum.new_hasher() for r in ("ts", "price", "values")}
-        self._px_buf: F64 | None = None
-        self._val_buf: npt.NDArray[Any] | None = None
+        # price / value chunk buffers, one set per fill slot (two when chunks are filled ahead)
+        self._bufs: list[tuple[F64 | None, npt.NDArray[Any]]] = []
         self._done = False
         #: the header written by :meth:`finish` (its region checksums are those of the bytes
         #: that were checked in memory), None before
@@ -610,13 +612,32 @@ class FxCacheWriter:
     def _append(
         self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
     ) -> None:
-        """Rows ``lo:hi`` of ``ts`` and of the (checked) group arrays, ``chunk_rows`` at a time."""
+        """Rows ``lo:hi`` of ``ts`` and of the (checked) group arrays, ``chunk_rows`` at a time.
+
+        With more than one chunk, the next chunk is filled on a second thread (the fill kernel
+        is nogil) while this one checks, hashes and writes the current one: two buffer sets in
+        turn, the same bytes in the same order, errors raised for the first bad chunk."""
         if self.rows + (hi - lo) > self.n_rows:
             self.abort()
             raise FxDataError(f"{self.path}: more than the declared {self.n_rows} rows appended")
+        starts = list(range(lo, hi, self.chunk_rows))
         try:
-            for a in range(lo, hi, self.chunk_rows):
-                self._append_chunk(ts, arrays, a, min(hi, a + self.chunk_rows))
+            if len(starts) < 2:
+                for a in starts:
+                    b = min(hi, a + self.chunk_rows)
+                    self._commit_chunk(ts, a, b, self._fill_chunk_rows(arrays, a, b, 0))
+                return
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(self._fill_chunk_rows, arrays, starts[0], min(hi, starts[1]), 0)
+                for i, a in enumerate(starts):
+                    b = min(hi, a + self.chunk_rows)
+                    filled = ahead.result()
+                    if i + 1 < len(starts):
+                        c = starts[i + 1]
+                        ahead = pool.submit(
+                            self._fill_chunk_rows, arrays, c, min(hi, c + self.chunk_rows), (i + 1) % 2
+                        )
+                    self._commit_chunk(ts, a, b, filled)
         except BaseException:
             self.abort()
             raise
@@ -624,6 +645,35 @@ class FxCacheWriter:
     def _append_chunk(
         self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
     ) -> None:
+        self._commit_chunk(ts, lo, hi, self._fill_chunk_rows(arrays, lo, hi, 0))
+
+    def _fill_chunk_rows(
+        self, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int, slot: int
+    ) -> tuple[F64 | None, int, npt.NDArray[Any], list[int]]:
+        """Rows ``lo:hi`` of the price and value groups in buffer set ``slot``, as stored (before
+        any bf16 rounding), with :func:`_fill_chunk`'s flags; no check, hash or write yet."""
+        m = hi - lo
+        cap = min(self.chunk_rows, max(self.n_rows, 1))
+        while len(self._bufs) <= slot:
+            # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
+            fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
+            px = np.zeros((cap, self.price_width), dtype=np.float64) if self._npx else None
+            self._bufs.append((px, np.zeros((cap, self.row_width), dtype=fill)))
+        px_buf, val_buf = self._bufs[slot]
+        stored: F64 | None = None
+        px_flags = 0
+        if px_buf is not None:
+            stored = px_buf[:m]
+            (px_flags,) = _fill_chunk(stored, [arrays["price"]], lo, hi)
+        filled = val_buf[:m]
+        flags = _fill_chunk(filled, [arrays[g] for g in VALUE_GROUPS if g in arrays], lo, hi)
+        return stored, px_flags, filled, flags
+
+    def _commit_chunk(
+        self, ts: I64, lo: int, hi: int, chunk: tuple[F64 | None, int, npt.NDArray[Any], list[int]]
+    ) -> None:
+        """Check, hash and write rows ``lo:hi`` filled by :meth:`_fill_chunk_rows`."""
+        stored, px_flags, filled, flags = chunk
         m, r0 = hi - lo, self.rows
         t = ts[lo:hi]
         if m:
@@ -635,12 +685,7 @@ class FxCacheWriter:
                 raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0 + int(bad[0]) + 1}")
             self._last_ts = int(t[-1])
         self._write("ts", self._ts_off + 8 * r0, t.astype("<i8", copy=False).data.cast("B"))
-        cap = min(self.chunk_rows, max(self.n_rows, 1))
-        if self._npx:
-            if self._px_buf is None:
-                self._px_buf = np.zeros((cap, self.price_width), dtype=np.float64)
-            stored = self._px_buf[:m]
-            (px_flags,) = _fill_chunk(stored, [arrays["price"]], lo, hi)
+        if stored is not None:
             if px_flags & _NONFINITE:
                 _check_finite_block(
                     stored[:, : self._npx], self._price_specs, r0, self.path, FxDataError, self.row_label
@@ -648,14 +693,7 @@ class FxCacheWriter:
         else:
             stored = np.zeros((m, self.price_width), dtype=np.float64)
         self._write("price", self._px_off + r0 * self.price_width * 8, stored.data.cast("B"))
-        parts = [arrays[g] for g in VALUE_GROUPS if g in arrays]
         nv = self._nf + self._no
-        if self._val_buf is None:
-            # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
-            fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
-            self._val_buf = np.zeros((cap, self.row_width), dtype=fill)
-        filled = self._val_buf[:m]
-        flags = _fill_chunk(filled, parts, lo, hi)
         if self.dtype == "bf16":
             # rounding to bf16 can overflow to inf and flush to zero: check the bits as stored
             vals = f32_to_bf16_bits(filled)
@@ -800,7 +838,7 @@ def write_fxcache(
     ``price``, ``ofi``; any may be absent) -> (column names, float array [n, k]). ``price``
     columns are stored as float64 whatever ``dtype``; ``dtype`` is the type of the feature and
     OFI value block. The rows go through :class:`FxCacheWriter` ``chunk_rows`` at a time, so
-    memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file, column and
+    memory beyond the inputs is two chunks. Raises ``FxDataError`` naming the file, column and
     bar on non-finite values (also after rounding to the stored dtype) and when OFI columns are
     present but all zero: an OFI-less file must say so, not carry zeros.
 
