@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -95,7 +96,6 @@ DEFAULT_CHUNK_ROWS = 1 << 16
 # write_fxcache's chunk: a chunk's value block (4 MiB at 64 f32 columns) stays in cache
 # from its fill through its hash and write (half the CPU time of 1 << 16 rows)
 WRITE_CHUNK_ROWS = 1 << 14
-_HASH_READ_BYTES = 16 << 20
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -1167,21 +1167,23 @@ def _verify_bodies(
                 f"{path}: checksum mismatch in the header fields (cache key, widths, offsets or "
                 "checksums changed since the file was written); rebuild it"
             )
-        buf = bytearray(_HASH_READ_BYTES)
-        view = memoryview(buf)
-        for name, (lo, hi) in h.regions().items():
-            if name not in regions:
-                continue
-            hasher = checksum.new_hasher()
-            pos = lo
-            while pos < hi:
-                k = os.preadv(fd, [view[: min(len(buf), hi - pos)]], pos)
-                if k <= 0:
-                    raise FxCacheError(f"{path}: truncated file at byte {pos}")
-                hasher.update(view[:k])
-                pos += k
-            if hasher.digest() != h.checksums()[name]:
-                raise checksum_mismatch(path, name, lo, hi)
+        size = os.fstat(fd).st_size
+        wanted = [(name, lo, hi) for name, (lo, hi) in h.regions().items() if name in regions]
+        for _, _, hi in wanted:
+            if hi > size:
+                raise FxCacheError(f"{path}: truncated file at byte {size}")
+        # Hashed in place from a read-only mapping of the page cache: no copy into a buffer
+        # (half the time of reading it: 22 against 46 ms for a 223 MB scale-1 file).
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as m:
+            whole = memoryview(m)
+            try:
+                for name, lo, hi in wanted:
+                    hasher = checksum.new_hasher()
+                    hasher.update(whole[lo:hi])
+                    if hasher.digest() != h.checksums()[name]:
+                        raise checksum_mismatch(path, name, lo, hi)
+            finally:
+                whole.release()
     finally:
         os.close(fd)
 

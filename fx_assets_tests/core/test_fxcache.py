@@ -627,3 +627,21 @@ def test_a_killed_writer_leaves_nothing_a_later_run_trusts(tmp_path: Path) -> No
         append_in_chunks(w, cols, [N])
     with open_fxcache(final) as fc:
         assert fc.n_bars == N
+
+
+def test_body_hash_names_a_file_cut_short_and_a_changed_byte(tmp_path: Path) -> None:
+    """The body checksums (hashed from a read-only mapping of the file): a file cut short after
+    its header was read is named truncated, a changed byte names its region."""
+    p = write(tmp_path / "x.fxcache")
+    h = fxcache.read_header(p)
+    fxcache._verify_bodies(p, h)
+    raw = bytearray(p.read_bytes())
+    raw[h.values_offset + 3] ^= 0x10
+    bad = tmp_path / "bad.fxcache"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(FxCacheError, match="checksum mismatch in the values block"):
+        fxcache._verify_bodies(bad, h)
+    short = tmp_path / "short.fxcache"
+    short.write_bytes(p.read_bytes()[: h.values_offset + 100])
+    with pytest.raises(FxCacheError, match="truncated file at byte"):
+        fxcache._verify_bodies(short, h)
