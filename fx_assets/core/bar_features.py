@@ -159,6 +159,37 @@ def _rv_nb(r, w):
 
 
 @njit(cache=True)
+def _rv4_nb(r, w):
+    """``_rv_nb`` four bars at a time, bit for bit: each window's sum is the same additions in
+    the same order; the four independent sums overlap in the CPU instead of one dependent
+    chain at a time. The last ``< 4`` bars one at a time."""
+    n = r.shape[0]
+    out = np.full(n, np.nan)
+    j = w - 1
+    while j + 4 <= n:
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for m in range(j - w + 1, j + 1):
+            s0 += r[m] * r[m]
+            s1 += r[m + 1] * r[m + 1]
+            s2 += r[m + 2] * r[m + 2]
+            s3 += r[m + 3] * r[m + 3]
+        out[j] = math.sqrt(s0)
+        out[j + 1] = math.sqrt(s1)
+        out[j + 2] = math.sqrt(s2)
+        out[j + 3] = math.sqrt(s3)
+        j += 4
+    for jj in range(max(j, w - 1), n):
+        s = 0.0
+        for m in range(jj - w + 1, jj + 1):
+            s += r[m] * r[m]
+        out[jj] = math.sqrt(s)
+    return out
+
+
+@njit(cache=True)
 def _ewma_vol_nb(r, alpha):
     """sqrt of the recursive (adjust=False) EWMA of r^2, seeded with r_0^2 (zero-mean vol)."""
     n = r.shape[0]
@@ -1009,6 +1040,64 @@ def _rolling_z_nb(x, w):
     return out
 
 
+@njit(cache=True, inline="always")
+def _z_of(x, mu, v, w):
+    sd = math.sqrt(v / w)
+    return (x - mu) / sd if sd > 0.0 else 0.0
+
+
+@njit(cache=True)
+def _rolling_z4_nb(x, w):
+    """``_rolling_z_nb`` four bars at a time, bit for bit (each window's sums are the same
+    additions in the same order; four independent chains overlap). Last ``< 4`` bars singly."""
+    nb = x.shape[0]
+    out = np.full(nb, np.nan)
+    j = w - 1
+    while j + 4 <= nb:
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for m in range(j - w + 1, j + 1):
+            s0 += x[m]
+            s1 += x[m + 1]
+            s2 += x[m + 2]
+            s3 += x[m + 3]
+        mu0 = s0 / w
+        mu1 = s1 / w
+        mu2 = s2 / w
+        mu3 = s3 / w
+        v0 = 0.0
+        v1 = 0.0
+        v2 = 0.0
+        v3 = 0.0
+        for m in range(j - w + 1, j + 1):
+            d0 = x[m] - mu0
+            d1 = x[m + 1] - mu1
+            d2 = x[m + 2] - mu2
+            d3 = x[m + 3] - mu3
+            v0 += d0 * d0
+            v1 += d1 * d1
+            v2 += d2 * d2
+            v3 += d3 * d3
+        out[j] = _z_of(x[j], mu0, v0, w)
+        out[j + 1] = _z_of(x[j + 1], mu1, v1, w)
+        out[j + 2] = _z_of(x[j + 2], mu2, v2, w)
+        out[j + 3] = _z_of(x[j + 3], mu3, v3, w)
+        j += 4
+    for jj in range(max(j, w - 1), nb):
+        s = 0.0
+        for m in range(jj - w + 1, jj + 1):
+            s += x[m]
+        mu = s / w
+        v = 0.0
+        for m in range(jj - w + 1, jj + 1):
+            d = x[m] - mu
+            v += d * d
+        out[jj] = _z_of(x[jj], mu, v, w)
+    return out
+
+
 @njit(cache=True)
 def _cusum_into_nb(r, sigma, session, k, ev, dirn, since):
     """Symmetric CUSUM on log close (increments r): S+ = max(0, S+ + r), S- = min(0, S- + r);
@@ -1121,6 +1210,109 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
         out[j] = best
 
 
+@njit(cache=True, inline="always")
+def _trend_pick(best, beta, sse, L, sxx, clip):
+    """``_trend_tvalue_rows_nb``'s t of one length L from its slope and SSE, and the running
+    pick (the largest |t| so far; the earlier, shorter L on ties)."""
+    s2 = sse / (L - 2)
+    if s2 > 0.0:
+        t = beta / math.sqrt(s2 / sxx)
+    elif beta > 0.0:
+        t = clip
+    elif beta < 0.0:
+        t = -clip
+    else:
+        t = 0.0
+    t = min(max(t, -clip), clip)
+    return t if abs(t) > abs(best) else best
+
+
+@njit(cache=True, nogil=True)
+def _trend_tvalue_rows4_nb(r, lmin, lmax, clip, lo, hi, out):
+    """``_trend_tvalue_rows_nb`` four bars at a time, bit for bit: each bar's sums are the same
+    additions in the same order, but the four bars' running sums are independent, so the CPU
+    overlaps them instead of waiting on one chain of dependent additions (the sums are
+    latency-bound one bar at a time). The last ``< 4`` rows go through the one-bar kernel."""
+    y = np.empty((lmax, 4), np.float64)
+    sxx_of = np.zeros(lmax + 1, np.float64)
+    for L in range(lmin, lmax + 1):
+        xm = -(L - 1) / 2.0
+        sxx = 0.0
+        for m in range(L):
+            dx = -m - xm
+            sxx += dx * dx
+        sxx_of[L] = sxx
+    j = max(lo, lmax - 1)
+    while j + 4 <= hi:
+        for q in range(4):
+            y[0, q] = 0.0
+        for m in range(1, lmax):
+            for q in range(4):
+                y[m, q] = y[m - 1, q] - r[j + q - m + 1]
+        best0 = 0.0
+        best1 = 0.0
+        best2 = 0.0
+        best3 = 0.0
+        acc0 = 0.0
+        acc1 = 0.0
+        acc2 = 0.0
+        acc3 = 0.0
+        for m in range(lmin - 1):
+            acc0 += y[m, 0]
+            acc1 += y[m, 1]
+            acc2 += y[m, 2]
+            acc3 += y[m, 3]
+        for L in range(lmin, lmax + 1):
+            xm = -(L - 1) / 2.0
+            acc0 += y[L - 1, 0]
+            acc1 += y[L - 1, 1]
+            acc2 += y[L - 1, 2]
+            acc3 += y[L - 1, 3]
+            ym0 = acc0 / L
+            ym1 = acc1 / L
+            ym2 = acc2 / L
+            ym3 = acc3 / L
+            sxx = sxx_of[L]
+            sxy0 = 0.0
+            sxy1 = 0.0
+            sxy2 = 0.0
+            sxy3 = 0.0
+            for m in range(L):
+                dx = -m - xm
+                sxy0 += dx * (y[m, 0] - ym0)
+                sxy1 += dx * (y[m, 1] - ym1)
+                sxy2 += dx * (y[m, 2] - ym2)
+                sxy3 += dx * (y[m, 3] - ym3)
+            beta0 = sxy0 / sxx
+            beta1 = sxy1 / sxx
+            beta2 = sxy2 / sxx
+            beta3 = sxy3 / sxx
+            sse0 = 0.0
+            sse1 = 0.0
+            sse2 = 0.0
+            sse3 = 0.0
+            for m in range(L):
+                e0 = y[m, 0] - ym0 - beta0 * (-m - xm)
+                e1 = y[m, 1] - ym1 - beta1 * (-m - xm)
+                e2 = y[m, 2] - ym2 - beta2 * (-m - xm)
+                e3 = y[m, 3] - ym3 - beta3 * (-m - xm)
+                sse0 += e0 * e0
+                sse1 += e1 * e1
+                sse2 += e2 * e2
+                sse3 += e3 * e3
+            best0 = _trend_pick(best0, beta0, sse0, L, sxx, clip)
+            best1 = _trend_pick(best1, beta1, sse1, L, sxx, clip)
+            best2 = _trend_pick(best2, beta2, sse2, L, sxx, clip)
+            best3 = _trend_pick(best3, beta3, sse3, L, sxx, clip)
+        out[j] = best0
+        out[j + 1] = best1
+        out[j + 2] = best2
+        out[j + 3] = best3
+        j += 4
+    if j < hi:
+        _trend_tvalue_rows_nb(r, lmin, lmax, clip, j, hi, out)
+
+
 # --- indicator wrappers (validate, then one kernel pass) -------------------------------------
 
 _EMPTY = np.empty(0, np.float64)
@@ -1221,12 +1413,12 @@ def _trend_tvalue(r: F64, lmin: int, lmax: int, clip: float) -> F64:
     parts = max(1, min(int(numba.get_num_threads()), nb // _MIN_BARS_PER_THREAD))
     cuts = [nb * p // parts for p in range(parts + 1)]
     if parts == 1:
-        _trend_tvalue_rows_nb(r, lmin, lmax, clip, 0, nb, out)
+        _trend_tvalue_rows4_nb(r, lmin, lmax, clip, 0, nb, out)
         return out
     with ThreadPoolExecutor(parts) as pool:
         list(
             pool.map(
-                lambda p: _trend_tvalue_rows_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
+                lambda p: _trend_tvalue_rows4_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
             )
         )
     return out
@@ -1525,7 +1717,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("vz", lambda: _rolling_z_nb(x.log_volume(), c.z_window)),
+            lambda x: x.get("vz", lambda: _rolling_z4_nb(x.log_volume(), c.z_window)),
         ),
         FeatureSpec(
             "buy_volume_frac",
@@ -1549,7 +1741,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("dz", lambda: _rolling_z_nb(x.log_duration(), c.z_window)),
+            lambda x: x.get("dz", lambda: _rolling_z4_nb(x.log_duration(), c.z_window)),
         ),
         FeatureSpec(
             "time_of_day_sin",
@@ -1589,7 +1781,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
 
 def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
     def kernel(x: _Ctx) -> F64:
-        return x.get(f"rv_{w}", lambda: _rv_nb(x.returns()[0], w))
+        return x.get(f"rv_{w}", lambda: _rv4_nb(x.returns()[0], w))
 
     return kernel
 

@@ -90,6 +90,10 @@ class SidecarBars:
 
 # Below this many records per thread one pass is faster than starting threads.
 _MIN_RECORDS_PER_THREAD = 1 << 20
+# First output capacity of a shard: about one bar per 50 records on ES, so records / 32 + 1024
+# rows rarely grow (the kernel doubles them when they do).
+_CAP_RECORDS_PER_BAR = 32
+_CAP_MIN_BARS = 1024
 
 
 def sidecar_bars(trades_sidecar: Path, calendar: RollCalendar, config: BarConfig) -> SidecarBars:
@@ -173,8 +177,7 @@ def _bar_shards(
     def run(p: int) -> tuple[tuple, I64, I64]:
         lo, hi = cuts[p], cuts[p + 1]
         info, err = np.zeros(9, np.int64), np.zeros(2, np.int64)
-        # about one bar per 50 records on ES; the kernel grows its outputs beyond that
-        cap = (hi - lo) // 32 + 1024
+        cap = (hi - lo) // _CAP_RECORDS_PER_BAR + _CAP_MIN_BARS
         out = _sidecar_threshold_bars_nb(
             ts,
             iid,

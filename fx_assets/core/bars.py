@@ -574,96 +574,108 @@ def _sidecar_threshold_bars_nb(ts, iid, price, size, side, action, bounds, act, 
     mn = np.iinfo(np.int64).max
     mx = np.iinfo(np.int64).min
     k = 0
-    for i in range(lo, hi):
-        t = ts[i]
-        mn = min(mn, t)
-        mx = max(mx, t)
-        if action[i] != _ACTION_TRADE:
-            err[0] = _ERR_ACTION
-            err[1] = i
-            break
-        # the selection of active_contract._active_keep_nb
-        k = interval_of(bounds, t, k)
-        if not k & 1:
-            continue
-        a = act[(k - 1) >> 1]
-        x = iid[i]
-        q = price[i]
-        if a < 0 or int(x) != a or q == UNDEF_PRICE or q <= 0 or size[i] <= 0:
-            continue
-        # the values of active_contract._active_write_nb
-        p = q / PRICE_DIVISOR
-        v = float(size[i])
-        c = side[i]
-        sg = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)
-        s_i = days[(k - 1) >> 1]
-        if not started:
-            started = True
-            cur_sess = s_i
-            cur_inst = x
+    # The outputs grow between passes of the inner loop, never inside it: with the output
+    # arrays reassigned inside the record loop, numba's code for the loop ran at half speed
+    # (1.1 against 0.55 s for 27.6 M records). A pass stops before the record that finds the
+    # outputs full (nothing of it counted yet) and the next one resumes at that record.
+    start = lo
+    while True:
+        stop = hi
+        for i in range(start, hi):
+            t = ts[i]
+            mn = min(mn, t)
+            mx = max(mx, t)
+            if action[i] != _ACTION_TRADE:
+                err[0] = _ERR_ACTION
+                err[1] = i
+                break
+            # the selection of active_contract._active_keep_nb
+            k = interval_of(bounds, t, k)
+            if not k & 1:
+                continue
+            a = act[(k - 1) >> 1]
+            x = iid[i]
+            q = price[i]
+            if a < 0 or int(x) != a or q == UNDEF_PRICE or q <= 0 or size[i] <= 0:
+                continue
+            # the values of active_contract._active_write_nb
+            p = q / PRICE_DIVISOR
+            v = float(size[i])
+            c = side[i]
+            sg = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)
+            s_i = days[(k - 1) >> 1]
+            if not started:
+                started = True
+                cur_sess = s_i
+                cur_inst = x
+                prev_ts = t
+                prev_p = p
+                info[1] = t
+                info[3] = s_i
+                info[4] = x
+            if t < prev_ts:
+                err[0] = _ERR_TS
+                err[1] = i
+                break
+            if nb + 1 >= cap:  # room for this bar and a forced close: grow, resume here
+                stop = i
+                break
+            kept += 1
+            volume += v  # exact: integer sizes, float64 sums below 2**53
+            # from here on, _threshold_bars_nb's loop body
+            if s_i != cur_sess or x != cur_inst:
+                if open_:
+                    _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, prev_ts, b_o, b_h, b_l,
+                           prev_p, b_v, b_buy, b_pv, b_n, cur_inst, cur_sess, True)  # fmt: skip
+                    nb += 1
+                    open_ = False
+                cur_sess = s_i
+                cur_inst = x
+                prev_b = 0  # tick rule restarts at a session start and at a roll
+                prev_p = p
+            b = _resolve_sign(sg, p, prev_p, prev_b)
+            if not open_:
+                open_ = True
+                b_ts0 = t
+                b_o = p
+                b_h = p
+                b_l = p
+                b_v = 0.0
+                b_buy = 0.0
+                b_pv = 0.0
+                b_acc = 0.0
+                b_n = 0
+            b_h = max(b_h, p)
+            b_l = min(b_l, p)
+            b_v += v
+            b_pv += p * v
+            b_buy += v * (b > 0)
+            b_n += 1
+            if dollar:
+                b_acc += p * v * multiplier
+            else:
+                b_acc += v
             prev_ts = t
             prev_p = p
-            info[1] = t
-            info[3] = s_i
-            info[4] = x
-        if t < prev_ts:
-            err[0] = _ERR_TS
-            err[1] = i
-            break
-        kept += 1
-        volume += v  # exact: integer sizes, float64 sums below 2**53
-        if nb + 1 >= cap:  # room for this bar and a forced close
-            cap *= 2
-            of2 = np.empty((7, cap), np.float64)
-            oi2 = np.empty((3, cap), np.int64)
-            of2[:, :nb] = of[:, :nb]
-            oi2[:, :nb] = oi[:, :nb]
-            of = of2
-            oi = oi2
-            o_inst = np.concatenate((o_inst[:nb], np.empty(cap - nb, np.uint32)))
-            o_sess = np.concatenate((o_sess[:nb], np.empty(cap - nb, np.int32)))
-            o_forced = np.concatenate((o_forced[:nb], np.empty(cap - nb, np.bool_)))
-        # from here on, _threshold_bars_nb's loop body
-        if s_i != cur_sess or x != cur_inst:
-            if open_:
-                _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, prev_ts, b_o, b_h, b_l,
-                       prev_p, b_v, b_buy, b_pv, b_n, cur_inst, cur_sess, True)  # fmt: skip
+            prev_b = b
+            if b_acc >= threshold:
+                _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, t, b_o, b_h, b_l, p, b_v,
+                       b_buy, b_pv, b_n, cur_inst, cur_sess, False)  # fmt: skip
                 nb += 1
                 open_ = False
-            cur_sess = s_i
-            cur_inst = x
-            prev_b = 0  # tick rule restarts at a session start and at a roll
-            prev_p = p
-        b = _resolve_sign(sg, p, prev_p, prev_b)
-        if not open_:
-            open_ = True
-            b_ts0 = t
-            b_o = p
-            b_h = p
-            b_l = p
-            b_v = 0.0
-            b_buy = 0.0
-            b_pv = 0.0
-            b_acc = 0.0
-            b_n = 0
-        b_h = max(b_h, p)
-        b_l = min(b_l, p)
-        b_v += v
-        b_pv += p * v
-        b_buy += v * (b > 0)
-        b_n += 1
-        if dollar:
-            b_acc += p * v * multiplier
-        else:
-            b_acc += v
-        prev_ts = t
-        prev_p = p
-        prev_b = b
-        if b_acc >= threshold:
-            _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, t, b_o, b_h, b_l, p, b_v,
-                   b_buy, b_pv, b_n, cur_inst, cur_sess, False)  # fmt: skip
-            nb += 1
-            open_ = False
+        if stop == hi:
+            break
+        cap *= 2
+        of2 = np.empty((7, cap), np.float64)
+        oi2 = np.empty((3, cap), np.int64)
+        of2[:, :nb] = of[:, :nb]
+        oi2[:, :nb] = oi[:, :nb]
+        of = of2
+        oi = oi2
+        o_inst = np.concatenate((o_inst[:nb], np.empty(cap - nb, np.uint32)))
+        o_sess = np.concatenate((o_sess[:nb], np.empty(cap - nb, np.int32)))
+        o_forced = np.concatenate((o_forced[:nb], np.empty(cap - nb, np.bool_)))
+        start = stop
     if open_ and err[0] == _OK:
         _store(of, oi, o_inst, o_sess, o_forced, nb, b_ts0, prev_ts, b_o, b_h, b_l, prev_p,
                b_v, b_buy, b_pv, b_n, cur_inst, cur_sess, True)  # fmt: skip

@@ -40,9 +40,11 @@ import contextlib
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -94,7 +96,6 @@ DEFAULT_CHUNK_ROWS = 1 << 16
 # write_fxcache's chunk: a chunk's value block (4 MiB at 64 f32 columns) stays in cache
 # from its fill through its hash and write (half the CPU time of 1 << 16 rows)
 WRITE_CHUNK_ROWS = 1 << 14
-_HASH_READ_BYTES = 16 << 20
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -511,7 +512,8 @@ class FxCacheWriter:
     order), hashed into its region's running XXH3-128 and written at its offset of a temporary
     file beside ``path`` (``atomic.atomic_path``). :meth:`finish` checks that exactly
     ``n_rows`` rows came, writes the JSON trailer and then the header with the checksums, and
-    renames the file into place. Memory is one chunk (``chunk_rows`` rows of each block) whatever
+    renames the file into place. Memory is two chunks (``chunk_rows`` rows of each block: the
+    next one is filled on a second thread while the current one is hashed and written) whatever
     the file size; the bytes are those :func:`write_fxcache` writes for the same rows.
 
     A writer that fails (an exception, :meth:`abort`) removes its temporary file; one that is
@@ -569,9 +571,12 @@ class FxCacheWriter:
         self._last_ts: int | None = None
         self._ofi_nonzero = False
         self._hash = {r: checksum.new_hasher() for r in ("ts", "price", "values")}
-        self._px_buf: F64 | None = None
-        self._val_buf: npt.NDArray[Any] | None = None
+        # price / value chunk buffers, one set per fill slot (two when chunks are filled ahead)
+        self._bufs: list[tuple[F64 | None, npt.NDArray[Any]]] = []
         self._done = False
+        #: the header written by :meth:`finish` (its region checksums are those of the bytes
+        #: that were checked in memory), None before
+        self.header: FxCacheHeader | None = None
         self._fd = -1
         self._stack = contextlib.ExitStack()
         try:
@@ -607,13 +612,32 @@ class FxCacheWriter:
     def _append(
         self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
     ) -> None:
-        """Rows ``lo:hi`` of ``ts`` and of the (checked) group arrays, ``chunk_rows`` at a time."""
+        """Rows ``lo:hi`` of ``ts`` and of the (checked) group arrays, ``chunk_rows`` at a time.
+
+        With more than one chunk, the next chunk is filled on a second thread (the fill kernel
+        is nogil) while this one checks, hashes and writes the current one: two buffer sets in
+        turn, the same bytes in the same order, errors raised for the first bad chunk."""
         if self.rows + (hi - lo) > self.n_rows:
             self.abort()
             raise FxDataError(f"{self.path}: more than the declared {self.n_rows} rows appended")
+        starts = list(range(lo, hi, self.chunk_rows))
         try:
-            for a in range(lo, hi, self.chunk_rows):
-                self._append_chunk(ts, arrays, a, min(hi, a + self.chunk_rows))
+            if len(starts) < 2:
+                for a in starts:
+                    b = min(hi, a + self.chunk_rows)
+                    self._commit_chunk(ts, a, b, self._fill_chunk_rows(arrays, a, b, 0))
+                return
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(self._fill_chunk_rows, arrays, starts[0], min(hi, starts[1]), 0)
+                for i, a in enumerate(starts):
+                    b = min(hi, a + self.chunk_rows)
+                    filled = ahead.result()
+                    if i + 1 < len(starts):
+                        c = starts[i + 1]
+                        ahead = pool.submit(
+                            self._fill_chunk_rows, arrays, c, min(hi, c + self.chunk_rows), (i + 1) % 2
+                        )
+                    self._commit_chunk(ts, a, b, filled)
         except BaseException:
             self.abort()
             raise
@@ -621,6 +645,35 @@ class FxCacheWriter:
     def _append_chunk(
         self, ts: I64, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int
     ) -> None:
+        self._commit_chunk(ts, lo, hi, self._fill_chunk_rows(arrays, lo, hi, 0))
+
+    def _fill_chunk_rows(
+        self, arrays: Mapping[str, npt.NDArray[Any] | ColumnBlock], lo: int, hi: int, slot: int
+    ) -> tuple[F64 | None, int, npt.NDArray[Any], list[int]]:
+        """Rows ``lo:hi`` of the price and value groups in buffer set ``slot``, as stored (before
+        any bf16 rounding), with :func:`_fill_chunk`'s flags; no check, hash or write yet."""
+        m = hi - lo
+        cap = min(self.chunk_rows, max(self.n_rows, 1))
+        while len(self._bufs) <= slot:
+            # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
+            fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
+            px = np.zeros((cap, self.price_width), dtype=np.float64) if self._npx else None
+            self._bufs.append((px, np.zeros((cap, self.row_width), dtype=fill)))
+        px_buf, val_buf = self._bufs[slot]
+        stored: F64 | None = None
+        px_flags = 0
+        if px_buf is not None:
+            stored = px_buf[:m]
+            (px_flags,) = _fill_chunk(stored, [arrays["price"]], lo, hi)
+        filled = val_buf[:m]
+        flags = _fill_chunk(filled, [arrays[g] for g in VALUE_GROUPS if g in arrays], lo, hi)
+        return stored, px_flags, filled, flags
+
+    def _commit_chunk(
+        self, ts: I64, lo: int, hi: int, chunk: tuple[F64 | None, int, npt.NDArray[Any], list[int]]
+    ) -> None:
+        """Check, hash and write rows ``lo:hi`` filled by :meth:`_fill_chunk_rows`."""
+        stored, px_flags, filled, flags = chunk
         m, r0 = hi - lo, self.rows
         t = ts[lo:hi]
         if m:
@@ -632,12 +685,7 @@ class FxCacheWriter:
                 raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0 + int(bad[0]) + 1}")
             self._last_ts = int(t[-1])
         self._write("ts", self._ts_off + 8 * r0, t.astype("<i8", copy=False).data.cast("B"))
-        cap = min(self.chunk_rows, max(self.n_rows, 1))
-        if self._npx:
-            if self._px_buf is None:
-                self._px_buf = np.zeros((cap, self.price_width), dtype=np.float64)
-            stored = self._px_buf[:m]
-            (px_flags,) = _fill_chunk(stored, [arrays["price"]], lo, hi)
+        if stored is not None:
             if px_flags & _NONFINITE:
                 _check_finite_block(
                     stored[:, : self._npx], self._price_specs, r0, self.path, FxDataError, self.row_label
@@ -645,14 +693,7 @@ class FxCacheWriter:
         else:
             stored = np.zeros((m, self.price_width), dtype=np.float64)
         self._write("price", self._px_off + r0 * self.price_width * 8, stored.data.cast("B"))
-        parts = [arrays[g] for g in VALUE_GROUPS if g in arrays]
         nv = self._nf + self._no
-        if self._val_buf is None:
-            # bf16 is rounded from float32 (as f32_to_bf16_bits does from float64 via float32)
-            fill = STORAGE["f32"] if self.dtype == "bf16" else STORAGE[self.dtype]
-            self._val_buf = np.zeros((cap, self.row_width), dtype=fill)
-        filled = self._val_buf[:m]
-        flags = _fill_chunk(filled, parts, lo, hi)
         if self.dtype == "bf16":
             # rounding to bf16 can overflow to inf and flush to zero: check the bits as stored
             vals = f32_to_bf16_bits(filled)
@@ -754,6 +795,7 @@ class FxCacheWriter:
             raise
         self._done = True
         self._stack.close()  # os.replace into place
+        self.header = header
         return self.path
 
     def abort(self) -> None:
@@ -788,6 +830,7 @@ def write_fxcache(
     meta: Mapping[str, Any] | None = None,
     *,
     chunk_rows: int = WRITE_CHUNK_ROWS,
+    read_back: bool = False,
 ) -> Path:
     """Write an fxcache file of bar rows from whole arrays, atomically, and return its path.
 
@@ -795,9 +838,13 @@ def write_fxcache(
     ``price``, ``ofi``; any may be absent) -> (column names, float array [n, k]). ``price``
     columns are stored as float64 whatever ``dtype``; ``dtype`` is the type of the feature and
     OFI value block. The rows go through :class:`FxCacheWriter` ``chunk_rows`` at a time, so
-    memory beyond the inputs is one chunk. Raises ``FxDataError`` naming the file, column and
+    memory beyond the inputs is two chunks. Raises ``FxDataError`` naming the file, column and
     bar on non-finite values (also after rounding to the stored dtype) and when OFI columns are
     present but all zero: an OFI-less file must say so, not carry zeros.
+
+    ``read_back``: then read the file back and verify it in full at the cost of its checksums
+    (:func:`fx_assets.core.verified.verify_written_fxcache`), which records it as verified: the
+    ``fxcache_valid`` check and a reuse of this file do not verify it again.
     """
     path = Path(path)
     ts_arr = np.ascontiguousarray(ts, dtype=np.int64)
@@ -812,7 +859,13 @@ def write_fxcache(
     arrays = {g: _as_block(path, g, names[g], columns[g][1], n) for g in names}
     w = FxCacheWriter(path, names, dtype, cache_key, n, meta, chunk_rows=chunk_rows, row_label="bar")
     w._append(ts_arr, arrays, 0, n)
-    return w.finish()
+    out = w.finish()
+    if read_back:
+        from fx_assets.core.verified import verify_written_fxcache
+
+        assert w.header is not None
+        verify_written_fxcache(out, w.header)
+    return out
 
 
 def _check_finite_block(
@@ -1114,21 +1167,23 @@ def _verify_bodies(
                 f"{path}: checksum mismatch in the header fields (cache key, widths, offsets or "
                 "checksums changed since the file was written); rebuild it"
             )
-        buf = bytearray(_HASH_READ_BYTES)
-        view = memoryview(buf)
-        for name, (lo, hi) in h.regions().items():
-            if name not in regions:
-                continue
-            hasher = checksum.new_hasher()
-            pos = lo
-            while pos < hi:
-                k = os.preadv(fd, [view[: min(len(buf), hi - pos)]], pos)
-                if k <= 0:
-                    raise FxCacheError(f"{path}: truncated file at byte {pos}")
-                hasher.update(view[:k])
-                pos += k
-            if hasher.digest() != h.checksums()[name]:
-                raise checksum_mismatch(path, name, lo, hi)
+        size = os.fstat(fd).st_size
+        wanted = [(name, lo, hi) for name, (lo, hi) in h.regions().items() if name in regions]
+        for _, _, hi in wanted:
+            if hi > size:
+                raise FxCacheError(f"{path}: truncated file at byte {size}")
+        # Hashed in place from a read-only mapping of the page cache: no copy into a buffer
+        # (half the time of reading it: 22 against 46 ms for a 223 MB scale-1 file).
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as m:
+            whole = memoryview(m)
+            try:
+                for name, lo, hi in wanted:
+                    hasher = checksum.new_hasher()
+                    hasher.update(whole[lo:hi])
+                    if hasher.digest() != h.checksums()[name]:
+                        raise checksum_mismatch(path, name, lo, hi)
+            finally:
+                whole.release()
     finally:
         os.close(fd)
 

@@ -41,10 +41,14 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.checksum import hash_buffers
 from fx_assets.core.source_hash import stat_stamp
+
+if TYPE_CHECKING:
+    from fx_assets.core.fxcache import FxCacheHeader
 
 __all__ = [
     "clear",
@@ -54,6 +58,7 @@ __all__ = [
     "verified_kinds",
     "verify_against_once",
     "verify_once",
+    "verify_written_fxcache",
 ]
 
 _Stamp = tuple[int, ...]
@@ -67,10 +72,11 @@ def _stamp(path: Path) -> _Stamp:
 
 @functools.cache
 def _code() -> str:
-    """The package source fingerprint (one read of the sources per process)."""
-    from fx_assets.core.codeversion import source_fingerprint
+    """The package source fingerprint (one read of the sources per process, shared with the
+    stage versions)."""
+    from fx_assets.core.codeversion import package_fingerprint
 
-    return source_fingerprint()
+    return package_fingerprint()
 
 
 def record_path(path: Path | str) -> Path:
@@ -96,9 +102,10 @@ def _read_record(p: Path) -> dict[str, list[int]]:
     return {str(k): v for k, v in doc["kinds"].items() if isinstance(v, list)}
 
 
-def _write_record(p: Path, kind: str, stamp: _Stamp) -> None:
+def _write_record(p: Path, kind: str | tuple[str, ...], stamp: _Stamp) -> None:
     kinds = {k: v for k, v in _read_record(p).items() if tuple(v) == stamp}  # drop stale stamps
-    kinds[kind] = list(stamp)
+    for k in (kind,) if isinstance(kind, str) else kind:
+        kinds[k] = list(stamp)
     doc = {"version": _RECORD_VERSION, "name": p.name, "code": _code(), "kinds": kinds}
     with contextlib.suppress(OSError):  # not recorded: the next process verifies again
         atomic_write_text(record_path(p), json.dumps(doc, sort_keys=True))
@@ -194,6 +201,33 @@ def verify_fxcache_bytes(path: Path) -> None:
     from fx_assets.core.fxcache import open_fxcache
 
     open_fxcache(path, verify_finite=False, verify_checksums=True).close()
+
+
+def verify_written_fxcache(path: Path | str, written: FxCacheHeader) -> None:
+    """The full verification of an fxcache file just written from memory, by reading it back:
+    the file's header must be ``written`` (the one :class:`fx_assets.core.fxcache.FxCacheWriter`
+    wrote) and its structure and every region must match that header's checksums
+    (:func:`verify_fxcache_bytes`). Recorded as both kinds, ``fxcache-bytes`` and ``fxcache``
+    (what :func:`fx_assets.core.fxcache.verify_fxcache` adds: ordered timestamps, finite values,
+    OFI present and not all zero), because the writer checked exactly those on the stored
+    bytes it hashed into these checksums: bytes that hash the same are those bytes, so the
+    values need no second scan. ``FxCacheError`` when the file is not what was written."""
+    from fx_assets.core.errors import FxCacheError
+    from fx_assets.core.fxcache import HEADER_SIZE
+
+    p = Path(path)
+    before = _stamp(p)
+    with open(p, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+    if head != written.pack():
+        raise FxCacheError(f"{p}: the header read back is not the one written; rebuild it")
+    verify_fxcache_bytes(p)
+    if _stamp(p) == before:  # the bytes verified are the file that still carries this stamp
+        key = str(p.resolve())
+        kinds = ("fxcache-bytes", "fxcache")
+        for kind in kinds:
+            _DONE[(kind, key)] = before
+        _write_record(p, kinds, before)
 
 
 def fxcache_identity(path: Path | str) -> str:

@@ -222,6 +222,50 @@ def test_cusum_and_trend_match_python_reference() -> None:
         assert (t[19:] == want).all()
 
 
+@pytest.mark.parametrize(("lmin", "lmax"), [(5, 20), (3, 3), (4, 9)])
+def test_trend_tvalue_four_bars_at_a_time_is_the_one_bar_kernel_bit_for_bit(lmin: int, lmax: int) -> None:
+    """The 4-lane trend kernel (what the feature uses) against the one-bar kernel: every row
+    bit for bit, for ranges whose length leaves 0-3 rows to the one-bar tail, on returns with
+    runs of zeros (s^2 = 0: +-clip or 0), tiny and huge values and a NaN."""
+    from fx_assets.core.bar_features import _trend_tvalue_rows4_nb, _trend_tvalue_rows_nb
+
+    rng = np.random.default_rng(11)
+    r = rng.normal(0.0, 1e-4, 3000)
+    r[100:140] = 0.0  # flat stretch: s^2 = 0, slope 0
+    r[200:230] = 1e-4  # a perfectly linear stretch
+    r[300] = 1e3
+    r[400] = 1e-300
+    r[500] = np.nan
+    for lo, hi in ((0, 3000), (0, 2999), (7, 2998), (lmax + 3, lmax + 8), (1000, 1001), (5, 5)):
+        want = np.full(3000, np.nan)
+        got = np.full(3000, np.nan)
+        _trend_tvalue_rows_nb(r, lmin, lmax, 50.0, lo, hi, want)
+        _trend_tvalue_rows4_nb(r, lmin, lmax, 50.0, lo, hi, got)
+        assert got.tobytes() == want.tobytes(), (lo, hi)
+        if (lo, hi) == (0, 3000):
+            assert np.isfinite(want).sum() > 2000 and (np.abs(want) == 50.0).any() and (want == 0.0).any()
+
+
+@pytest.mark.parametrize("w", [2, 5, 50])
+def test_rolling_z_and_rv_four_bars_at_a_time_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
+    """The 4-lane z-score and realized-vol kernels (what the features use) against the one-bar
+    kernels: every bar bit for bit, for lengths that leave 0-3 bars to the one-bar tail (and
+    shorter than the window), with a NaN, constant stretches (std 0 -> z 0) and large values."""
+    from fx_assets.core.bar_features import _rolling_z4_nb, _rolling_z_nb, _rv4_nb, _rv_nb
+
+    rng = np.random.default_rng(17)
+    x = rng.normal(3.0, 1.5, 2000)
+    x[300:400] = 2.5  # constant: std 0
+    x[700] = 1e12
+    x[900] = np.nan
+    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1):
+        for fast, slow in ((_rolling_z4_nb, _rolling_z_nb), (_rv4_nb, _rv_nb)):
+            want, got = slow(x[:n], w), fast(x[:n], w)
+            assert got.tobytes() == want.tobytes(), (fast.__name__, n)
+    z = _rolling_z_nb(x, w)
+    assert (z[300 + w : 400] == 0.0).all() and np.isfinite(z[w:300]).all()
+
+
 def test_cusum_kernel_writes_only_the_outputs_asked_for() -> None:
     """An empty output array is skipped; the others are the same as with all three asked for
     (the CUSUM filter of bench_peers asks for the event flags alone)."""

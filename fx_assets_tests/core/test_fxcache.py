@@ -529,8 +529,27 @@ def test_incremental_writer_memory_is_one_chunk(tmp_path: Path, monkeypatch: pyt
     append_in_chunks(w, cols, [N])  # one append of every row is still written 50 rows at a time
     w.finish()
     assert max(sizes) == 50 and sum(sizes) == 2 * N
-    assert w._px_buf is not None and w._px_buf.shape[0] == 50
-    assert w._val_buf is not None and w._val_buf.shape[0] == 50
+    # two buffer sets of one chunk each: the next chunk is filled while this one is written
+    assert len(w._bufs) == 2
+    assert all(px is not None and px.shape[0] == 50 and val.shape[0] == 50 for px, val in w._bufs)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_chunks_filled_ahead_on_a_thread_write_the_bytes_of_one_chunk(tmp_path: Path, dtype: DType) -> None:
+    """write_fxcache fills the next chunk on a second thread while it writes the current one:
+    for any chunk size (an odd one, a last chunk shorter than the others) the file is byte for
+    byte the one written as a single chunk (no thread), ColumnBlocks with a row selection too."""
+    cols = make_columns()
+    rows = np.flatnonzero(np.arange(N) % 9 != 4)
+    blocks = {
+        g: (names, fxcache.ColumnBlock([v[:, c] for c in range(v.shape[1])], N).select(rows))
+        for g, (names, v) in cols.items()
+    }
+    ts = make_ts()[rows]
+    ref = fxcache.write_fxcache(tmp_path / "one.fxcache", ts, blocks, dtype, KEY, chunk_rows=N)
+    for chunk in (1, 7, 50, len(rows) - 1):
+        got = fxcache.write_fxcache(tmp_path / f"c{chunk}.fxcache", ts, blocks, dtype, KEY, chunk_rows=chunk)
+        assert got.read_bytes() == ref.read_bytes(), chunk
 
 
 def test_incremental_writer_names_file_column_and_row_of_a_non_finite_value(tmp_path: Path) -> None:
@@ -608,3 +627,21 @@ def test_a_killed_writer_leaves_nothing_a_later_run_trusts(tmp_path: Path) -> No
         append_in_chunks(w, cols, [N])
     with open_fxcache(final) as fc:
         assert fc.n_bars == N
+
+
+def test_body_hash_names_a_file_cut_short_and_a_changed_byte(tmp_path: Path) -> None:
+    """The body checksums (hashed from a read-only mapping of the file): a file cut short after
+    its header was read is named truncated, a changed byte names its region."""
+    p = write(tmp_path / "x.fxcache")
+    h = fxcache.read_header(p)
+    fxcache._verify_bodies(p, h)
+    raw = bytearray(p.read_bytes())
+    raw[h.values_offset + 3] ^= 0x10
+    bad = tmp_path / "bad.fxcache"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(FxCacheError, match="checksum mismatch in the values block"):
+        fxcache._verify_bodies(bad, h)
+    short = tmp_path / "short.fxcache"
+    short.write_bytes(p.read_bytes()[: h.values_offset + 100])
+    with pytest.raises(FxCacheError, match="truncated file at byte"):
+        fxcache._verify_bodies(short, h)

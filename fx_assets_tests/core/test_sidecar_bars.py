@@ -59,6 +59,24 @@ def test_sidecar_bars_equal_bars_of_active_trades(
     assert _same(path, cal, config) > 100
 
 
+@pytest.mark.parametrize("kind", ["volume", "dollar"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_sidecar_bars_outputs_grown_many_times(
+    quarter: tuple[Path, object], kind: str, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs that start at the kernel's minimum of 16 rows and double between passes over the
+    records (each pass stops before the record that finds them full and the next resumes
+    there): the same bars, kept-trade count and volume as the active trades give, with no
+    record counted twice or skipped at a resumption."""
+    path, cal = quarter
+    monkeypatch.setattr(bar_rows, "_MIN_RECORDS_PER_THREAD", 1000)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(bar_rows, "_CAP_RECORDS_PER_BAR", 1 << 40)
+    monkeypatch.setattr(bar_rows, "_CAP_MIN_BARS", 0)
+    config = BarConfig(kind=kind, volume_bar_size=20, dollar_bar_size=20 * 50 * 5000.0)
+    assert _same(path, cal, config) > 16 * 2**5  # at least 5 doublings in one shard
+
+
 def test_shards_that_do_not_meet_at_a_session_change_are_built_in_one(
     quarter: tuple[Path, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
