@@ -191,7 +191,7 @@ def test_recorded_verdict_reevaluates_when_inputs_or_code_change(
     assert again == {"rows": 7, "verdict": "reused"} and len(calls) == 1
     assert checks_mod.recorded_verdict(out, "c", ["a", "B"], evaluate)["verdict"] == "evaluated"
     assert checks_mod.recorded_verdict(out, "other", ["a", "B"], evaluate)["verdict"] == "evaluated"
-    monkeypatch.setattr("fx_assets.assets.common.package_source", lambda: "another package source")
+    monkeypatch.setattr("fx_assets.assets.common.package_fingerprint", lambda: "another package source")
     assert checks_mod.recorded_verdict(out, "c", ["a", "B"], evaluate)["verdict"] == "evaluated"
     assert len(calls) == 4
 
@@ -209,6 +209,7 @@ def test_recorded_verdict_reads_the_package_sources_once_per_process(
     """A full cache hit runs 5 recorded checks: the fingerprint of the sources they carry is read
     once per process (the code the process imported), not once a check."""
     from fx_assets.assets import common
+    from fx_assets.core import codeversion
 
     reads: list[int] = []
 
@@ -216,8 +217,8 @@ def test_recorded_verdict_reads_the_package_sources_once_per_process(
         reads.append(1)
         return "the package source"
 
-    monkeypatch.setattr(common, "source_fingerprint", fingerprint)
-    common.package_source.cache_clear()
+    monkeypatch.setattr(codeversion, "source_fingerprint", lambda root=None: fingerprint())
+    codeversion.package_fingerprint.cache_clear()
     try:
         out = tmp_path / "x.arrow"
         out.write_bytes(b"x")
@@ -226,7 +227,7 @@ def test_recorded_verdict_reads_the_package_sources_once_per_process(
             common.recorded_verdict(out, check, ["a"], lambda: {"rows": 1})
         assert len(reads) == 1
     finally:
-        common.package_source.cache_clear()  # the next caller reads the real sources
+        codeversion.package_fingerprint.cache_clear()  # the next caller reads the real sources
 
 
 def test_verify_once_verifies_again_after_any_change_of_the_file(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import json
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from fx_assets.core.atomic import atomic_write_text
 from fx_assets.core.cachekey import SourceIdentity
 from fx_assets.core.calendar import quarter_label
 from fx_assets.core.checksum import hash_buffers
-from fx_assets.core.codeversion import source_fingerprint
+from fx_assets.core.codeversion import package_fingerprint
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.locks import build_lock
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
@@ -346,15 +345,6 @@ def verdict_record(output: Path, check: str) -> Path:
     return output.with_name(f"{output.name}.check.{check}.json")
 
 
-@functools.cache
-def package_source() -> str:
-    """The package source fingerprint that check records carry, read once per process (like
-    :mod:`fx_assets.core.verified`'s): it names the code this process imported, and reading the
-    package's sources costs 4 ms a check on the idle 2-core VM (30 ms at load 8), 5 checks in a
-    full cache hit."""
-    return source_fingerprint()
-
-
 def recorded_verdict(
     output: Path, check: str, inputs: Sequence[str], evaluate: Callable[[], Mapping[str, Any]]
 ) -> Mapping[str, Any]:
@@ -370,7 +360,7 @@ def recorded_verdict(
     identities give the same verdict; any code change anywhere in the package re-evaluates. A
     failed evaluation records nothing.
     """
-    fingerprint = hash_buffers([json.dumps([check, package_source(), *inputs]).encode()])
+    fingerprint = hash_buffers([json.dumps([check, package_fingerprint(), *inputs]).encode()])
     record = verdict_record(output, check)
     try:
         doc = json.loads(record.read_text())
