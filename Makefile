@@ -39,7 +39,7 @@ test: install instance
 
 # Tests marked slow (end-to-end honesty on a larger synthetic market).
 test-slow: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "slow and not gpu and not postgres and not browser"
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m "slow and not gpu and not postgres and not browser"
 
 # Through a running Dagster: dagster dev (webserver + daemon) on 127.0.0.1, driven by GraphQL.
 test-e2e: install

@@ -137,11 +137,6 @@ def _leaky_assembly(original: Any) -> Any:
     return assemble
 
 
-# The slow suite runs with --dist loadgroup: these tests share the module fixture below, so they
-# stay on one worker (built once); other slow tests spread over the workers one by one.
-pytestmark = pytest.mark.xdist_group("honesty_markets")
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, dict[str, float]]]]:
     """Metrics by market (null, signal, leak) and trainer; each market built once."""
