@@ -40,17 +40,10 @@ from typing import Any
 import dagster as dg
 
 from benchmarks.common import DATA, load_average, write_result
+from fx_assets.definitions import FEATURE_STAGES
 
 PARTITIONS = ("2024-07|ES.FUT", "2024-04|ES.FUT")
-NAMES = (
-    "predecoded_trades",
-    "predecoded_mbp10",
-    "roll_calendar",
-    "bars",
-    "bar_features",
-    "ofi_features",
-    "fxcache",
-)
+NAMES = FEATURE_STAGES
 DEPS = {
     "predecoded_trades": ["raw_trades"],
     "predecoded_mbp10": ["raw_mbp10"],

@@ -1155,6 +1155,23 @@ def _cusum_nb(r, sigma, session, k):
     return ev, dirn, since
 
 
+@njit(cache=True, inline="always")
+def _trend_pick(best, beta, sse, L, sxx, clip):
+    """``_trend_tvalue_rows_nb``'s t of one length L from its slope and SSE, and the running
+    pick (the largest |t| so far; the earlier, shorter L on ties)."""
+    s2 = sse / (L - 2)
+    if s2 > 0.0:
+        t = beta / math.sqrt(s2 / sxx)
+    elif beta > 0.0:
+        t = clip
+    elif beta < 0.0:
+        t = -clip
+    else:
+        t = 0.0
+    t = min(max(t, -clip), clip)
+    return t if abs(t) > abs(best) else best
+
+
 @njit(cache=True, nogil=True)
 def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
     """Trailing trend-scanning t-value of bars lo..hi-1 (from bar lmax-1 on) into ``out``: for
@@ -1195,36 +1212,8 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
             for m in range(L):
                 e = y[m] - ym - beta * (-m - xm)
                 sse += e * e
-            s2 = sse / (L - 2)
-            if s2 > 0.0:
-                t = beta / math.sqrt(s2 / sxx)
-            elif beta > 0.0:
-                t = clip
-            elif beta < 0.0:
-                t = -clip
-            else:
-                t = 0.0
-            t = min(max(t, -clip), clip)
-            if abs(t) > abs(best):
-                best = t
+            best = _trend_pick(best, beta, sse, L, sxx, clip)
         out[j] = best
-
-
-@njit(cache=True, inline="always")
-def _trend_pick(best, beta, sse, L, sxx, clip):
-    """``_trend_tvalue_rows_nb``'s t of one length L from its slope and SSE, and the running
-    pick (the largest |t| so far; the earlier, shorter L on ties)."""
-    s2 = sse / (L - 2)
-    if s2 > 0.0:
-        t = beta / math.sqrt(s2 / sxx)
-    elif beta > 0.0:
-        t = clip
-    elif beta < 0.0:
-        t = -clip
-    else:
-        t = 0.0
-    t = min(max(t, -clip), clip)
-    return t if abs(t) > abs(best) else best
 
 
 @njit(cache=True, nogil=True)
