@@ -244,6 +244,35 @@ def _store(of, oi, o_inst, o_sess, o_forced, nb, ts0, ts1, o, h, lo, c, v, buy, 
     o_forced[nb] = forced
 
 
+@njit(cache=True, inline="always")
+def _add_trade(open_, b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n, t, p, v, b, dollar, multiplier):  # fmt: skip
+    """One trade (ts ``t``, price ``p``, size ``v``, sign ``b``) into the bar being built, opening
+    it first when none is open: the bar's state after the trade. Both threshold-bar kernels
+    (from trade arrays and straight from sidecar records) call it, so their bars agree."""
+    if not open_:
+        b_ts0 = t
+        b_o = p
+        b_h = p
+        b_l = p
+        b_v = 0.0
+        b_buy = 0.0
+        b_pv = 0.0
+        b_acc = 0.0
+        b_n = 0
+    # branch-free updates: prices and signs are unpredictable for the branch predictor
+    b_h = max(b_h, p)
+    b_l = min(b_l, p)
+    b_v += v
+    b_pv += p * v
+    b_buy += v * (b > 0)
+    b_n += 1
+    if dollar:
+        b_acc += p * v * multiplier
+    else:
+        b_acc += v
+    return b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n
+
+
 @njit(cache=True)
 def _threshold_bars_nb(ts, price, size, sign, session, inst, dollar, threshold, multiplier, cap, err):  # fmt: skip
     """Volume (``dollar=False``) or dollar bars into outputs of ``cap`` rows.
@@ -319,28 +348,10 @@ def _threshold_bars_nb(ts, price, size, sign, session, inst, dollar, threshold, 
             prev_b = 0  # tick rule restarts at a session start and at a roll
             prev_p = p
         b = _resolve_sign(sign[i], p, prev_p, prev_b)
-        if not open_:
-            open_ = True
-            b_ts0 = t
-            b_o = p
-            b_h = p
-            b_l = p
-            b_v = 0.0
-            b_buy = 0.0
-            b_pv = 0.0
-            b_acc = 0.0
-            b_n = 0
-        # branch-free updates: prices and signs are unpredictable for the branch predictor
-        b_h = max(b_h, p)
-        b_l = min(b_l, p)
-        b_v += v
-        b_pv += p * v
-        b_buy += v * (b > 0)
-        b_n += 1
-        if dollar:
-            b_acc += p * v * multiplier
-        else:
-            b_acc += v
+        b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n = _add_trade(
+            open_, b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n, t, p, v, b, dollar, multiplier
+        )
+        open_ = True
         prev_ts = t
         prev_p = p
         prev_b = b
@@ -634,27 +645,10 @@ def _sidecar_threshold_bars_nb(ts, iid, price, size, side, action, bounds, act, 
                 prev_b = 0  # tick rule restarts at a session start and at a roll
                 prev_p = p
             b = _resolve_sign(sg, p, prev_p, prev_b)
-            if not open_:
-                open_ = True
-                b_ts0 = t
-                b_o = p
-                b_h = p
-                b_l = p
-                b_v = 0.0
-                b_buy = 0.0
-                b_pv = 0.0
-                b_acc = 0.0
-                b_n = 0
-            b_h = max(b_h, p)
-            b_l = min(b_l, p)
-            b_v += v
-            b_pv += p * v
-            b_buy += v * (b > 0)
-            b_n += 1
-            if dollar:
-                b_acc += p * v * multiplier
-            else:
-                b_acc += v
+            b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n = _add_trade(
+                open_, b_ts0, b_o, b_h, b_l, b_v, b_buy, b_pv, b_acc, b_n, t, p, v, b, dollar, multiplier
+            )
+            open_ = True
             prev_ts = t
             prev_p = p
             prev_b = b
