@@ -595,11 +595,17 @@ def fold_transition(
         chk[0] += (~(torch.isfinite(mean) & torch.isfinite(var))).sum().to(torch.int32)
         chk[1] += (~torch.isfinite(block[v0:].sum(dim=0))).sum().to(torch.int32)
 
-    if store_slice.row_unit == "snapshot":
-        target, r1, extra = snapshot_fold_labels(store_slice, ts0, ve, n_tr, cfg, where)
-        bad_stats, bad_inputs = chk[:2].tolist()  # the one host sync of the input checks
-        if bad_stats or bad_inputs:
-            _raise_bad_input(store_slice, col_idx, names, ts0, ve, n_tr, v0, block, where)
+    def fold_data(
+        target: torch.Tensor,
+        r1: torch.Tensor,
+        *,
+        horizons: tuple[int, ...],
+        entry_lag: int,
+        target_name: str,
+        extra: dict[str, Any],
+    ) -> FoldData:
+        """The fold's rows cut at the purge (training rows, then validation from ``v0``): one
+        construction for both row units, which differ only in their labels."""
         return FoldData(
             keys=store_slice.keys,
             bounds=(ts0, te, vs, ve),
@@ -615,9 +621,23 @@ def fold_transition(
             val_ts=store_slice.ts[vs:ve],
             val_sessions=np.asarray(sess[vs:ve], dtype=np.int32),
             train_sessions=np.asarray(sess[ts0:te], dtype=np.int32),
+            horizons=horizons,
+            entry_lag=entry_lag,
+            target=target_name,
+            extra=extra,
+        )
+
+    if store_slice.row_unit == "snapshot":
+        target, r1, extra = snapshot_fold_labels(store_slice, ts0, ve, n_tr, cfg, where)
+        bad_stats, bad_inputs = chk[:2].tolist()  # the one host sync of the input checks
+        if bad_stats or bad_inputs:
+            _raise_bad_input(store_slice, col_idx, names, ts0, ve, n_tr, v0, block, where)
+        return fold_data(
+            target,
+            r1,
             horizons=(cfg.train_horizon,),
             entry_lag=0,
-            target=f"snapshot_h{cfg.train_horizon}",
+            target_name=f"snapshot_h{cfg.train_horizon}",
             extra={**extra, "fused_kernels": fused is not None},
         )
 
@@ -650,24 +670,12 @@ def fold_transition(
     if (bad_target or bad_r1) and seg is None:
         raise FxDataError(f"{where}: {max(bad_target, bad_r1)} training labels undefined (purge/prices)")
 
-    return FoldData(
-        keys=store_slice.keys,
-        bounds=(ts0, te, vs, ve),
-        columns=names,
-        mean=mean,
-        std=std,
-        x_train=x[:n_tr],
-        y_train=target[:n_tr],
-        r1_train=r1[:n_tr],
-        x_val=x[v0:],
-        y_val=target[v0:],
-        r1_val=r1[v0:],
-        val_ts=store_slice.ts[vs:ve],
-        val_sessions=np.asarray(sess[vs:ve], dtype=np.int32),
-        train_sessions=np.asarray(sess[ts0:te], dtype=np.int32),
+    return fold_data(
+        target,
+        r1,
         horizons=tuple(cfg.horizons),
         entry_lag=cfg.entry_lag,
-        target=cfg.target,
+        target_name=cfg.target,
         extra={"train_labels_undefined": int(max(bad_target, bad_r1)), "fused_kernels": fused is not None},
     )
 
