@@ -213,6 +213,18 @@ def _trade_volume_nb(
     cum[0] = c
 
 
+@njit(cache=True, nogil=True)
+def _gather_rows_nb(src: F64, idx: I64, out: F64) -> None:
+    """``out[i, :] = src[idx[i], :]`` (``out`` may be a column slice of a wider row-major
+    block). ``np.take(..., out=)`` into such a strided slice went through a buffered copy at
+    about 5x this loop's time (2.3 M rows x 43 bar features: ~1.2 s against ~0.25 s)."""
+    w = src.shape[1]
+    for i in range(idx.shape[0]):
+        j = idx[i]
+        for k in range(w):
+            out[i, k] = src[j, k]
+
+
 class _TradeVolume:
     """Active-contract trade volume up to given times, from the memory-mapped trades sidecar
     (a forward merge; pages released behind it)."""
@@ -444,7 +456,7 @@ def iter_snapshot_rows(
                 vol - plan.close_vol[jj], plan.bar_volume[jj], o_ts - plan.bar_ts_close[jj],
                 plan.bar_duration_ns[jj],
             )  # fmt: skip
-            np.take(plan.bar_values, jj, axis=0, out=block[:, nf + npg :])
+            _gather_rows_nb(plan.bar_values, jj, block[:, nf + npg :])  # jj: valid bar rows
             np.add(mats[0][:, 0], mats[1][:, 0], out=prices[:, 0])
             prices[:, 0] /= 2.0
             np.take(slot_day, slot, out=prices[:, 1])
