@@ -281,15 +281,24 @@ class SnapshotPlan:
         return ok, jj
 
 
+_BAR_BLOCK_ROWS = 8192  # rows per block when the bar feature columns are laid out row-major
+
+
 def _bar_block(bars: BarTable, features: FeatureTable) -> tuple[list[str], F64]:
     if len(features) != len(bars) or not np.array_equal(features.ts_close, bars.ts_close):
         raise FxDataError(
             f"snapshot rows: bars ({len(bars)}) and bar_features ({len(features)}) are not aligned on ts_close"
         )
     names = list(features.columns)
-    values = np.empty((len(bars), len(names)))
-    for c, k in enumerate(names):
-        values[:, c] = features.columns[k]
+    n = len(bars)
+    values = np.empty((n, len(names)))
+    # Row blocks that stay in cache: filling whole columns of a row-major block one after the
+    # other touched every row's cache line once per column (680 k bars x 43 features: 0.5-1 s
+    # against 0.11 s), and stacking then transposing would hold a second copy.
+    for lo in range(0, n, _BAR_BLOCK_ROWS):
+        hi = min(n, lo + _BAR_BLOCK_ROWS)
+        for c, k in enumerate(names):
+            values[lo:hi, c] = features.columns[k][lo:hi]
     return [f"bar_{k}" for k in names], values
 
 
