@@ -32,6 +32,7 @@ MODULES = [
     "bench_decode",
     "bench_features",
     "bench_snapshot",
+    "bench_snapshot_quarter",
     "bench_integrity",
     "bench_indicators",
     "bench_peers",
@@ -44,6 +45,7 @@ BY_MAIN: dict[str, list[str]] = {
     "bench_decode": [],
     "bench_indicators": [],
     "bench_dagster_path": [],
+    "bench_snapshot_quarter": [],  # ~40 GB of data while it runs (deleted after each case)
     "bench_scaling": ["--quarters", "1,3,9", "--market9", "--heavy"],
 }
 
