@@ -776,8 +776,9 @@ def _decode_columns(
 ) -> _Decoded:
     """Decode ``source`` column by column into ``out``; return N and a few sampled records.
 
-    A decompression thread feeds a small queue (zstd releases the GIL); this thread splits the
-    chunks into columns and writes them, so two cores work at once.
+    A decompression thread feeds a small queue (zstd releases the GIL); this thread checks the
+    records (length and rtype; off the decompression thread, which is the longer of the two on
+    two cores) and splits the chunks into columns and writes them, so two cores work at once.
     """
     q: queue.Queue[Any] = queue.Queue(maxsize=8)
     stop = threading.Event()
@@ -793,8 +794,8 @@ def _decode_columns(
 
     def produce() -> None:
         try:
-            for _, arr, done in dbn.iter_record_chunks(source, chunk_bytes, hasher):
-                if not put((arr, done)):
+            for header, arr, done in dbn.iter_record_chunks(source, chunk_bytes, hasher, validate=False):
+                if not put((header, arr, done)):
                     return
             put(_END)
         except BaseException as exc:  # handed to the consumer, which re-raises it
@@ -813,7 +814,8 @@ def _decode_columns(
                 break
             if isinstance(item, BaseException):
                 raise item
-            arr, done = item
+            header, arr, done = item
+            dbn.check_records(source, arr, n, header)
             out.add(arr, done)
             if len(arr):
                 # the first record of chunks 0, 1, 2, 4, 8, ... and of the last chunk

@@ -292,6 +292,32 @@ def test_corrupt_input_leaves_nothing(kind: str, tmp_path: Path) -> None:
     assert _stamp(keep.path) == stamp
 
 
+@pytest.mark.parametrize("zstd", [True, False])
+def test_bad_record_deep_in_the_file_is_named_and_leaves_nothing(zstd: bool, tmp_path: Path) -> None:
+    """The record check runs in the decoder's consuming thread (dbn.iter_record_chunks with
+    validate=False): a record of another length or rtype in a late chunk fails the build with
+    the message dbn gives (file, record index, decompressed offset), and no sidecar is left."""
+    h = dbn.read_header(MBP1_BIG)
+    recs = tiled(MBP1_BIG, 20_003)
+    recs["rtype"][15_001] = 0x0A
+    recs["length"][19_999] = 12
+    name = f"bad.dbn{'.zst' if zstd else ''}"
+    p = write_dbn(tmp_path / name, h.header_bytes, recs, zstd=zstd)
+    sc = tmp_path / "sc"
+    esc = name.replace(".", r"\.")
+    want = rf"{esc}: record 15001 at decompressed byte offset {h.header_len + 15_001 * 80}"
+    with pytest.raises(FxDataError, match=want):
+        sidecar.build_sidecar(p, sc / "x.arrow", chunk_bytes=8192 + 5)
+    with pytest.raises(FxDataError, match=want):
+        sidecar.ensure_sidecar(p, sc, chunk_bytes=8192 + 5)
+    assert _dir_listing(sc) == []
+    recs["rtype"][15_001] = 1
+    p = write_dbn(tmp_path / name, h.header_bytes, recs, zstd=zstd)
+    with pytest.raises(FxDataError, match=r"record 19999 .* length 48 B"):
+        sidecar.build_sidecar(p, sc / "x.arrow", chunk_bytes=8192 + 5)
+    assert _dir_listing(sc) == []
+
+
 def test_stale_sidecar_removed_when_rebuild_fails(tmp_path: Path) -> None:
     src = _copy_fixture(tmp_path)
     sc = tmp_path / "sc"
