@@ -18,7 +18,8 @@ How a sidecar is built — each column written once, straight into its place in 
 memory bounded by the chunk size, not the file size:
 
 1. A decompression thread streams record chunks (``dbn.iter_record_chunks``; zstd releases
-   the GIL) into a small queue; the calling thread splits them into columns in staging arrays
+   the GIL) into a small queue; the calling thread checks the records and splits them into
+   columns in staging arrays (one strided copy per grid of like fields, ``_Columns._plan``)
    and a writer thread ``pwrite``s full staging sets, so up to three things overlap.
 2. At the first write-out N is estimated (uncompressed source: exact from its size; zstd: the
    records per compressed byte so far times the file size, times ``_ESTIMATE_SLACK``) and each
