@@ -400,25 +400,35 @@ def rounds_summary(values: list[float], digits: int = 4) -> dict[str, Any]:
     }
 
 
-def _pinned(cpus: str, *args: str) -> dict[str, Any]:
-    """One measurement of this module in a fresh process pinned to ``cpus`` (taskset)."""
+def _env(checkout: Path | None) -> tuple[dict[str, str], str | None]:
+    """Environment and working directory of a measurement: this checkout (None) or the baseline
+    export ``checkout`` (its ``fx_assets`` and this module's copy there are imported)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if checkout is None:
+        return env, None
+    env["PYTHONPATH"] = str(checkout)
+    return env, str(checkout)
+
+
+def _pinned(cpus: str, *args: str, checkout: Path | None = None) -> dict[str, Any]:
+    """One measurement of this module in a fresh process pinned to ``cpus`` (taskset)."""
+    env, cwd = _env(checkout)
     cmd = ["taskset", "-c", cpus, sys.executable, "-m", MODULE, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _cli(cpus: str, source: Path, out_dir: Path) -> dict[str, float]:
+def _cli(cpus: str, source: Path, out_dir: Path, checkout: Path | None = None) -> dict[str, float]:
     """``fx-assets decode`` as a user runs it (a fresh ``python -m fx_assets.cli``, stderr not a
     terminal, its default chunk): wall seconds from process start to exit, and its CPU."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env, cwd = _env(checkout)
     cmd = ["taskset", "-c", cpus, sys.executable, "-m", "fx_assets.cli", "decode", str(source)]
     cmd += ["--out", str(out_dir), "--rebuild"]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -427,9 +437,13 @@ def _cli(cpus: str, source: Path, out_dir: Path) -> dict[str, float]:
     return {"seconds": wall, "cpu_seconds": cpu}
 
 
-def _core_set(source: Path, work: Path, label: str, rounds: int) -> dict[str, Any]:
+def _core_set(
+    source: Path, work: Path, label: str, rounds: int, baseline: Path | None = None
+) -> dict[str, Any]:
     """zstd floor and cold decode on one core and on two, alternating (A B A B) each round,
-    then the CLI against the in-process decoder (two cores), alternating."""
+    then the CLI against the in-process decoder (two cores), alternating. With ``baseline``
+    (an export of an earlier commit) its cold decode, in-process decoder and CLI run in the
+    same rounds, the order of the two checkouts swapped every round."""
     from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, sidecar_path
 
     dest = sidecar_path(source, work / "inproc")
@@ -438,58 +452,90 @@ def _core_set(source: Path, work: Path, label: str, rounds: int) -> dict[str, An
     cli_dir.mkdir(parents=True, exist_ok=True)
     chunk = str(DEFAULT_CHUNK_BYTES)
     out: dict[str, Any] = {"file": str(source), "compressed_bytes": source.stat().st_size}
+    checkouts: list[Path | None] = [None] if baseline is None else [None, baseline]
+
+    def in_order(r: int) -> list[Path | None]:
+        return checkouts if r % 2 == 0 else checkouts[::-1]
+
     for key, cpus in CPUS.items():
-        z_w, z_c, c_w, c_c, ratio_w, ratio_c = [], [], [], [], [], []
+        z_w, z_c = [], []
+        c_w: dict[Path | None, list[float]] = {co: [] for co in checkouts}
+        c_c: dict[Path | None, list[float]] = {co: [] for co in checkouts}
         for r in range(rounds):
             print(f"[decode] {label} {key} round {r + 1}/{rounds}", file=sys.stderr, flush=True)
             z = _pinned(cpus, "zstd", str(source))
-            dest.unlink(missing_ok=True)
-            c = _pinned(cpus, "cold", str(source), str(dest), chunk)
-            out["n_records"] = c["n_records"]
             z_w.append(z["seconds"])
             z_c.append(z["cpu_seconds"])
-            c_w.append(c["seconds"])
-            c_c.append(c["cpu_seconds"])
-            ratio_w.append(c["seconds"] / z["seconds"])
-            ratio_c.append(c["cpu_seconds"] / z["cpu_seconds"])
-        out[key] = {
-            "taskset": cpus,
-            "zstd_floor_s": rounds_summary(z_w),
-            "zstd_floor_cpu_s": rounds_summary(z_c),
-            "cold_decode_s": rounds_summary(c_w),
-            "cold_decode_cpu_s": rounds_summary(c_c),
-            "ratio_per_round": rounds_summary(ratio_w, 3),
-            "ratio_of_medians": round(statistics.median(c_w) / statistics.median(z_w), 3),
-            "cpu_ratio_per_round": rounds_summary(ratio_c, 3),
-        }
-    inproc, cli, cli_cpu = [], [], []
+            for co in in_order(r):
+                dest.unlink(missing_ok=True)
+                c = _pinned(cpus, "cold", str(source), str(dest), chunk, checkout=co)
+                out["n_records"] = c["n_records"]
+                c_w[co].append(c["seconds"])
+                c_c[co].append(c["cpu_seconds"])
+        out[key] = _cold_figures(cpus, z_w, z_c, c_w[None], c_c[None])
+        if baseline is not None:
+            out[key]["baseline"] = _cold_figures(cpus, z_w, z_c, c_w[baseline], c_c[baseline])
+            out[key]["baseline_over_this_median"] = {
+                "wall": round(statistics.median(c_w[baseline]) / statistics.median(c_w[None]), 3),
+                "cpu": round(statistics.median(c_c[baseline]) / statistics.median(c_c[None]), 3),
+            }
+    inproc: dict[Path | None, list[float]] = {co: [] for co in checkouts}
+    cli: dict[Path | None, list[float]] = {co: [] for co in checkouts}
+    cli_cpu: dict[Path | None, list[float]] = {co: [] for co in checkouts}
     for r in range(rounds):
         print(f"[decode] {label} CLI vs in-process round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        dest.unlink(missing_ok=True)
-        inproc.append(_pinned(CPUS["two_cores"], "cold", str(source), str(dest), chunk)["seconds"])
-        dest.unlink(missing_ok=True)
-        shutil.rmtree(cli_dir, ignore_errors=True)  # both start without a sidecar (no old file to free)
-        cli_dir.mkdir(parents=True)
-        c = _cli(CPUS["two_cores"], source, cli_dir)
-        cli.append(c["seconds"])
-        cli_cpu.append(c["cpu_seconds"])
+        for co in in_order(r):
+            dest.unlink(missing_ok=True)
+            inproc[co].append(
+                _pinned(CPUS["two_cores"], "cold", str(source), str(dest), chunk, checkout=co)["seconds"]
+            )
+            dest.unlink(missing_ok=True)
+            shutil.rmtree(cli_dir, ignore_errors=True)  # both start without a sidecar (no old file to free)
+            cli_dir.mkdir(parents=True)
+            c = _cli(CPUS["two_cores"], source, cli_dir, checkout=co)
+            cli[co].append(c["seconds"])
+            cli_cpu[co].append(c["cpu_seconds"])
     dest.unlink(missing_ok=True)
     shutil.rmtree(cli_dir, ignore_errors=True)
-    out["cli_vs_in_process"] = {
-        "taskset": CPUS["two_cores"],
-        "in_process_build_sidecar_s": rounds_summary(inproc),
-        "cli_process_s": rounds_summary(cli),
-        "cli_cpu_s": rounds_summary(cli_cpu),
-        "cli_minus_in_process_median_s": round(statistics.median(cli) - statistics.median(inproc), 3),
-        "note": "in-process: build_sidecar timed inside an already-started process (default chunk); "
-        "CLI: `python -m fx_assets.cli decode SRC --out DIR --rebuild`, process start to exit, "
-        "stderr not a terminal, its default --chunk-mib",
-    }
+    for co in checkouts:
+        figures = {
+            "taskset": CPUS["two_cores"],
+            "in_process_build_sidecar_s": rounds_summary(inproc[co]),
+            "cli_process_s": rounds_summary(cli[co]),
+            "cli_cpu_s": rounds_summary(cli_cpu[co]),
+            "cli_minus_in_process_median_s": round(
+                statistics.median(cli[co]) - statistics.median(inproc[co]), 3
+            ),
+            "note": "in-process: build_sidecar timed inside an already-started process (default chunk); "
+            "CLI: `python -m fx_assets.cli decode SRC --out DIR --rebuild`, process start to exit, "
+            "stderr not a terminal, its default --chunk-mib",
+        }
+        if co is None:
+            out["cli_vs_in_process"] = figures
+        else:
+            out["cli_vs_in_process"]["baseline"] = figures
     return out
 
 
-def run_cores(rounds: int) -> dict[str, Any]:
-    """The issue-10 decode figures on the scale-1 quarter; writes results/bench_decode.json."""
+def _cold_figures(
+    cpus: str, z_w: list[float], z_c: list[float], c_w: list[float], c_c: list[float]
+) -> dict[str, Any]:
+    """A checkout's cold decode against the zstd floor of the same rounds."""
+    return {
+        "taskset": cpus,
+        "zstd_floor_s": rounds_summary(z_w),
+        "zstd_floor_cpu_s": rounds_summary(z_c),
+        "cold_decode_s": rounds_summary(c_w),
+        "cold_decode_cpu_s": rounds_summary(c_c),
+        "ratio_per_round": rounds_summary([c / z for c, z in zip(c_w, z_w, strict=True)], 3),
+        "ratio_of_medians": round(statistics.median(c_w) / statistics.median(z_w), 3),
+        "cpu_ratio_per_round": rounds_summary([c / z for c, z in zip(c_c, z_c, strict=True)], 3),
+    }
+
+
+def run_cores(rounds: int, baseline: Path | None = None) -> dict[str, Any]:
+    """The issue-10 decode figures on the scale-1 quarter (with ``baseline``: that export's in
+    the same rounds); the caller writes them to results/."""
     load_before = load_average()
     t_start = time.perf_counter()
     found = {
@@ -504,7 +550,7 @@ def run_cores(rounds: int) -> dict[str, Any]:
         where = f"{root} ({LAST_QUARTER})"
     work = Path(tempfile.mkdtemp(prefix="decode-", dir=_data_dir()))
     try:
-        figures = {schema: _core_set(src, work, schema, rounds) for schema, src in sources.items()}
+        figures = {schema: _core_set(src, work, schema, rounds, baseline) for schema, src in sources.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     targets = []
@@ -548,6 +594,16 @@ def run_cores(rounds: int) -> dict[str, Any]:
             "cpu": "user + sys of the measuring process (getrusage), next to wall time",
             "notes": "each measurement in a fresh process; the machine is shared (load averages "
             "recorded), so the wall figures carry other sessions' load",
+            "baseline": None
+            if baseline is None
+            else {
+                "checkout": str(baseline),
+                "commit": (baseline / "BASELINE_COMMIT").read_text().strip()
+                if (baseline / "BASELINE_COMMIT").is_file()
+                else "unknown",
+                "how": "the baseline's cold decode, in-process decoder and CLI in the same rounds, "
+                "order swapped every round; figures under each set's 'baseline' key",
+            },
         },
         "load_average_before": load_before,
         "load_average_after": load_average(),
@@ -574,6 +630,12 @@ def main(argv: list[str]) -> None:
         ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         ap.add_argument("--rounds", type=int, default=ROUNDS)
         ap.add_argument(
+            "--baseline",
+            type=Path,
+            help="an export of an earlier commit (git archive C | tar -x -C DIR) measured in the same rounds",
+        )
+        ap.add_argument("--name", default="bench_decode", help="result file name (results/NAME.json)")
+        ap.add_argument(
             "--full",
             action="store_true",
             help="the earlier full set instead (warm load, chunk size, book-heavy memory; "
@@ -582,9 +644,9 @@ def main(argv: list[str]) -> None:
         opts = ap.parse_args(argv)
         if opts.rounds < 3:
             ap.error("--rounds must be >= 3")
-        out = run() if opts.full else run_cores(opts.rounds)
+        out = run() if opts.full else run_cores(opts.rounds, opts.baseline)
         if not opts.full:
-            write_result("bench_decode", out)
+            write_result(opts.name, out)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"

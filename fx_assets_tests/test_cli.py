@@ -109,13 +109,16 @@ def test_decode_imports_only_the_decoder(tmp_path: Path, dbn_fixtures: Path) -> 
         / "nautilus_trader/historical_bars_catalog/futures_trades_2024-07-01T23-58_2024-07-02T00-02.dbn.zst"
     )
     code = (
-        "import sys; from fx_assets.cli import main; "
+        "import os, sys; from fx_assets.cli import main; "
         f"rc = main(['decode', {str(src)!r}, '--out', {str(tmp_path)!r}, '--rebuild']); "
-        "print(rc, sorted(m for m in ('rich', 'numba', 'pydantic', 'dagster', 'torch') if m in sys.modules))"
+        "print(rc, sorted(m for m in ('rich', 'numba', 'pydantic', 'dagster', 'torch') if m in sys.modules), "
+        "os.environ.get('OPENBLAS_NUM_THREADS'))"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("OPENBLAS_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert proc.stdout.split() == ["0", "[]"], proc.stdout
+    # numpy was imported for the decode with one OpenBLAS thread (no pool to start)
+    assert proc.stdout.split() == ["0", "[]", "1"], proc.stdout
     assert "decoded 120 records" in proc.stderr
 
 

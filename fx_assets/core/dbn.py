@@ -377,7 +377,10 @@ def header_hash(path: Path | str) -> str:
     return read_header(path).header_hash
 
 
-def _check_records(path: Path, arr: np.ndarray, first_index: int, header: DbnHeader) -> None:
+def check_records(path: Path, arr: np.ndarray, first_index: int, header: DbnHeader) -> None:
+    """FxDataError naming the file, the record's index and decompressed offset unless every
+    record of ``arr`` (records ``first_index``, ``first_index + 1``, ... of the file) has the
+    length and rtype of the header's schema."""
     spec = header.spec()
     want_len = arr.dtype.itemsize // 4
     rs = arr.dtype.itemsize
@@ -399,7 +402,11 @@ def _check_records(path: Path, arr: np.ndarray, first_index: int, header: DbnHea
 
 
 def iter_record_chunks(
-    path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, hasher: Hasher | None = None
+    path: Path | str,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    hasher: Hasher | None = None,
+    *,
+    validate: bool = True,
 ) -> Iterator[tuple[DbnHeader, np.ndarray, int]]:
     """Stream the records of a single-schema DBN file as validated numpy record arrays.
 
@@ -409,6 +416,9 @@ def iter_record_chunks(
     views of the decompressed bytes. An empty file yields nothing. With ``hasher``, every byte
     of the source file is fed to it as it is read: after the last chunk it holds the hash of
     the whole file (:func:`fx_assets.core.checksum.hash_file` gives the same digest).
+    ``validate=False`` leaves the record check to the caller: it must pass every array, with
+    the count of records before it, to :func:`check_records` before using it (the sidecar
+    decoder does, in its consuming thread, to keep the check off the decompression thread).
     """
     path = Path(path)
     if chunk_bytes < 4096:
@@ -428,7 +438,8 @@ def iter_record_chunks(
                 carry += piece
                 continue
             one = np.frombuffer(carry + piece[:need], dtype=dtype)
-            _check_records(path, one, index, header)
+            if validate:
+                check_records(path, one, index, header)
             yield header, one, done
             index += 1
             start = need
@@ -436,7 +447,8 @@ def iter_record_chunks(
         n = (len(piece) - start) // rs
         if n:
             arr = np.frombuffer(piece, dtype=dtype, count=n, offset=start)
-            _check_records(path, arr, index, header)
+            if validate:
+                check_records(path, arr, index, header)
             # a piece may overshoot the target when the compression ratio jumps: slice it
             for a in range(0, n, per_chunk):
                 yield header, arr[a : a + per_chunk], done

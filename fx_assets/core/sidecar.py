@@ -18,7 +18,8 @@ How a sidecar is built — each column written once, straight into its place in 
 memory bounded by the chunk size, not the file size:
 
 1. A decompression thread streams record chunks (``dbn.iter_record_chunks``; zstd releases
-   the GIL) into a small queue; the calling thread splits them into columns in staging arrays
+   the GIL) into a small queue; the calling thread checks the records and splits them into
+   columns in staging arrays (one strided copy per grid of like fields, ``_Columns._plan``)
    and a writer thread ``pwrite``s full staging sets, so up to three things overlap.
 2. At the first write-out N is estimated (uncompressed source: exact from its size; zstd: the
    records per compressed byte so far times the file size, times ``_ESTIMATE_SLACK``) and each
@@ -52,7 +53,6 @@ import mmap
 import os
 import queue
 import struct
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -481,12 +481,23 @@ def _round_up(x: int, align: int) -> int:
     return -(-x // align) * align
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Columns whose fields lie on a grid in the record: ``columns[r][c]`` (column indexes) is
+    the field at byte ``offset + r * outer + c * width``, each ``width`` bytes wide."""
+
+    columns: tuple[tuple[int, ...], ...]
+    width: int
+    offset: int
+    outer: int
+
+
 class _Columns:
     """Splits record chunks into columns and writes each column to its own place: (fd, offset).
 
-    Records are gathered field by field into fixed staging arrays (``stage_bytes`` per set) that
-    are written out when full: one strided copy per field and few, large writes (mbp-10 has 73
-    columns; writing each 1 MiB chunk's columns separately was syscall-bound). There are two
+    Records are gathered into fixed staging arrays (``stage_bytes`` per set) that are written
+    out when full: one strided copy per group of like fields (``_plan``) and few, large writes
+    (mbp-10 has 73 columns; writing each 1 MiB chunk's columns separately was syscall-bound). There are two
     staging sets: a writer thread ``pwrite``s one (releasing the GIL) while this thread fills
     the other. Where the columns go is decided at the first write-out by ``place(self)`` —
     after a few chunks, so that it can estimate N — which returns one (fd, offset) per column
@@ -500,12 +511,13 @@ class _Columns:
         place: Callable[[_Columns], tuple[list[tuple[int, int]], int | None]],
     ) -> None:
         self.names = [name for name, _ in cols]
-        dtypes = [np.dtype(t.to_pandas_dtype()) for _, t in cols]
-        self.capacity = max(1024, stage_bytes // sum(d.itemsize for d in dtypes))
-        self.sets = [[np.empty(self.capacity, dtype=d) for d in dtypes] for _ in range(2)]
+        self.dtypes = [np.dtype(t.to_pandas_dtype()) for _, t in cols]
+        self.capacity = max(1024, stage_bytes // sum(d.itemsize for d in self.dtypes))
+        # the staging sets are allocated by the first add (their layout follows the records')
+        self.sets: list[list[np.ndarray]] = []
         self.pending: list[Future[None] | None] = [None, None]
         self.current = 0
-        self.stage = self.sets[0]
+        self.stage: list[np.ndarray] = []
         self.fill = 0
         self.rows = 0  # rows handed to the writer
         self.written = [0] * len(cols)
@@ -521,9 +533,8 @@ class _Columns:
         self.done = 0
         self.sample = (0, 0)
         self.final = False  # set before the last write-out: n_in is then the exact N
-        self.plan: list[tuple[int, list[tuple[int, int]]]] | None = None  # see _plan
-        self.word = np.empty(self.capacity, np.uint32)
-        self.word_tmp = np.empty(self.capacity, np.uint32)
+        self.plan: list[_Group] | None = None  # see _plan; [] = one copy per field
+        self.blocks: list[list[np.ndarray]] = []  # per set, per group: its staging block
 
     def __enter__(self) -> _Columns:
         return self
@@ -531,49 +542,105 @@ class _Columns:
     def __exit__(self, *exc: object) -> None:
         self.writer.shutdown(wait=True, cancel_futures=True)
 
-    def _plan(self, dtype: np.dtype[Any]) -> list[tuple[int, list[tuple[int, int]]]] | None:
-        """How to split records of ``dtype``: fields of 4 or more bytes are copied one strided
-        copy each; fields of 1-2 bytes are grouped by the aligned 4-byte word that holds them,
-        the word column is gathered once and each field is taken from it by a shift and a
-        truncating cast (vectorised; numpy's strided copy of 1-byte elements costs as much per
-        element as that of 8-byte ones). Returns [(word, [(column, shift bits)])], or None
-        where the layout does not allow it (then every field is copied)."""
-        if sys.byteorder != "little" or dtype.itemsize % 4:
+    def _plan(self, dtype: np.dtype[Any]) -> list[_Group] | None:
+        """How to split records of ``dtype`` in few numpy calls: the columns are grouped into
+        grids of equal-width fields — a run of fields adjacent in the record (``ts_event,
+        price``; ``action, side, flags, depth``), and for the book levels the same run at every
+        level (``bid_px, ask_px`` x 10 levels: 20 columns) — and each grid is gathered by one
+        strided copy into a staging block whose rows are its columns. mbp-10's 73 columns take
+        10 copies per chunk instead of 73: at ~1,300 records per chunk numpy's per-call cost,
+        not the copying, was most of the split. Each column is a raw copy of its bytes, so the
+        field's dtype must equal the column's. None where that fails (then one copy per field).
+        """
+        n_base = len(_BASE_COLUMNS)
+        n_level = len(_LEVEL_COLUMNS)
+        n_levels = (len(self.names) - n_base) // n_level
+        if len(self.names) != n_base + n_levels * n_level or dtype.fields is None:
             return None
-        groups: dict[int, list[tuple[int, int]]] = {}
-        for i, name in enumerate(self.names):
-            sub, off = dtype.fields[name][:2]  # type: ignore[index]
-            if sub.itemsize < 4:
-                if off // 4 != (off + sub.itemsize - 1) // 4 or sub.byteorder == ">":
-                    return None
-                groups.setdefault(off // 4, []).append((i, 8 * (off % 4)))
-        return sorted(groups.items())
+        fields = dtype.fields
+
+        def runs(first: int, count: int) -> list[list[int]]:
+            """Columns among [first, first + count), in record order, in runs of adjacent
+            fields of one width."""
+            out: list[list[int]] = []
+            for i in sorted(range(first, first + count), key=lambda i: fields[self.names[i]][1]):
+                sub, off = fields[self.names[i]][:2]
+                if out:
+                    prev = out[-1][-1]
+                    psub, poff = fields[self.names[prev]][:2]
+                    if psub.itemsize == sub.itemsize and off == poff + psub.itemsize:
+                        out[-1].append(i)
+                        continue
+                out.append([i])
+            return out
+
+        grids = [[run] for run in runs(0, n_base)]
+        if n_levels:
+            level_stride = (
+                fields[self.names[n_base + n_level]][1] - fields[self.names[n_base]][1] if n_levels > 1 else 0
+            )
+            grids += [
+                [[i + lvl * n_level for i in run] for lvl in range(n_levels)] for run in runs(n_base, n_level)
+            ]
+        plan = []
+        for grid in grids:
+            first = grid[0][0]
+            width = self.dtypes[first].itemsize
+            offset = fields[self.names[first]][1]
+            outer = level_stride if len(grid) > 1 else 0
+            for r, row in enumerate(grid):
+                for c, col in enumerate(row):
+                    sub, off = fields[self.names[col]][:2]
+                    if sub != self.dtypes[col] or off != offset + r * outer + c * width:
+                        return None
+            plan.append(_Group(tuple(tuple(row) for row in grid), width, offset, outer))
+        return plan
+
+    def _allocate(self, dtype: np.dtype[Any]) -> None:
+        """The plan for records of ``dtype`` and the two staging sets (one array per column;
+        with a plan, rows of the groups' blocks)."""
+        self.plan = (self._plan(dtype) if _FAST_SPLIT else None) or []
+        for _ in range(2):
+            if not self.plan:
+                self.sets.append([np.empty(self.capacity, dtype=d) for d in self.dtypes])
+                continue
+            stage: list[np.ndarray] = [np.empty(0)] * len(self.names)
+            blocks = []
+            for g in self.plan:
+                block = np.empty((len(g.columns), len(g.columns[0]), self.capacity), np.dtype(f"u{g.width}"))
+                for r, row in enumerate(g.columns):
+                    for c, col in enumerate(row):
+                        stage[col] = block[r, c].view(self.dtypes[col])
+                blocks.append(block)
+            self.sets.append(stage)
+            self.blocks.append(blocks)
+        self.stage = self.sets[self.current]
 
     def add(self, records: np.ndarray, done: int) -> None:
         if done != self.done:
             self.sample = (self.n_in, self.done)
             self.done = done
         self.n_in += len(records)
-        if self.plan is None and _FAST_SPLIT:
-            self.plan = self._plan(records.dtype) or []
-        plan = self.plan or []
-        small = {i for _, fields in plan for i, _ in fields}
-        words = records.view(np.uint32).reshape(len(records), -1) if plan else None
+        if not self.sets:
+            self._allocate(records.dtype)
+        plan = self.plan
+        rs = records.dtype.itemsize
         pos = 0
         while pos < len(records):
             k = min(self.capacity - self.fill, len(records) - pos)
             part = records[pos : pos + k]
             lo, hi = self.fill, self.fill + k
-            for i, (name, buf) in enumerate(zip(self.names, self.stage, strict=True)):
-                if i not in small:
+            if plan and part.flags.c_contiguous:
+                for g, block in zip(plan, self.blocks[self.current], strict=True):
+                    rows, cols = block.shape[:2]
+                    # (record, row, column) view of the group's bytes, read as (row, column, record)
+                    src = np.ndarray(
+                        (k, rows, cols), block.dtype, part, g.offset, (rs, g.outer, g.width)
+                    ).transpose(1, 2, 0)
+                    np.copyto(block[:, :, lo:hi], src, casting="no")
+            else:
+                for name, buf in zip(self.names, self.stage, strict=True):
                     np.copyto(buf[lo:hi], part[name], casting="no")
-            if words is not None:
-                word, tmp = self.word[:k], self.word_tmp[:k]
-                for w, fields in plan:
-                    np.copyto(word, words[pos : pos + k, w])
-                    for i, shift in fields:
-                        src = np.right_shift(word, shift, out=tmp) if shift else word
-                        np.copyto(self.stage[i][lo:hi], src, casting="unsafe")  # keeps the low bytes
             self.fill += k
             pos += k
             if self.fill == self.capacity:
@@ -710,8 +777,9 @@ def _decode_columns(
 ) -> _Decoded:
     """Decode ``source`` column by column into ``out``; return N and a few sampled records.
 
-    A decompression thread feeds a small queue (zstd releases the GIL); this thread splits the
-    chunks into columns and writes them, so two cores work at once.
+    A decompression thread feeds a small queue (zstd releases the GIL); this thread checks the
+    records (length and rtype; off the decompression thread, which is the longer of the two on
+    two cores) and splits the chunks into columns and writes them, so two cores work at once.
     """
     q: queue.Queue[Any] = queue.Queue(maxsize=8)
     stop = threading.Event()
@@ -727,8 +795,8 @@ def _decode_columns(
 
     def produce() -> None:
         try:
-            for _, arr, done in dbn.iter_record_chunks(source, chunk_bytes, hasher):
-                if not put((arr, done)):
+            for header, arr, done in dbn.iter_record_chunks(source, chunk_bytes, hasher, validate=False):
+                if not put((header, arr, done)):
                     return
             put(_END)
         except BaseException as exc:  # handed to the consumer, which re-raises it
@@ -747,7 +815,8 @@ def _decode_columns(
                 break
             if isinstance(item, BaseException):
                 raise item
-            arr, done = item
+            header, arr, done = item
+            dbn.check_records(source, arr, n, header)
             out.add(arr, done)
             if len(arr):
                 # the first record of chunks 0, 1, 2, 4, 8, ... and of the last chunk

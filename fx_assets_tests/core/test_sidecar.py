@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -289,6 +290,32 @@ def test_corrupt_input_leaves_nothing(kind: str, tmp_path: Path) -> None:
         sidecar.build_sidecar(bad, sc / "explicit.arrow", chunk_bytes=4096)
     assert _dir_listing(sc) == [keep.path.name]
     assert _stamp(keep.path) == stamp
+
+
+@pytest.mark.parametrize("zstd", [True, False])
+def test_bad_record_deep_in_the_file_is_named_and_leaves_nothing(zstd: bool, tmp_path: Path) -> None:
+    """The record check runs in the decoder's consuming thread (dbn.iter_record_chunks with
+    validate=False): a record of another length or rtype in a late chunk fails the build with
+    the message dbn gives (file, record index, decompressed offset), and no sidecar is left."""
+    h = dbn.read_header(MBP1_BIG)
+    recs = tiled(MBP1_BIG, 20_003)
+    recs["rtype"][15_001] = 0x0A
+    recs["length"][19_999] = 12
+    name = f"bad.dbn{'.zst' if zstd else ''}"
+    p = write_dbn(tmp_path / name, h.header_bytes, recs, zstd=zstd)
+    sc = tmp_path / "sc"
+    esc = name.replace(".", r"\.")
+    want = rf"{esc}: record 15001 at decompressed byte offset {h.header_len + 15_001 * 80}"
+    with pytest.raises(FxDataError, match=want):
+        sidecar.build_sidecar(p, sc / "x.arrow", chunk_bytes=8192 + 5)
+    with pytest.raises(FxDataError, match=want):
+        sidecar.ensure_sidecar(p, sc, chunk_bytes=8192 + 5)
+    assert _dir_listing(sc) == []
+    recs["rtype"][15_001] = 1
+    p = write_dbn(tmp_path / name, h.header_bytes, recs, zstd=zstd)
+    with pytest.raises(FxDataError, match=r"record 19999 .* length 48 B"):
+        sidecar.build_sidecar(p, sc / "x.arrow", chunk_bytes=8192 + 5)
+    assert _dir_listing(sc) == []
 
 
 def test_stale_sidecar_removed_when_rebuild_fails(tmp_path: Path) -> None:
@@ -600,6 +627,63 @@ def test_assets_pass_the_derived_decoder_version(tmp_path: Path) -> None:
     assert meta[b"fx.code_version"].decode() == lineage.code_version("predecoded") != ""
 
 
+@pytest.mark.parametrize("schema", ["trades", "tbbo", "mbp-1", "mbp-10"])
+@pytest.mark.parametrize("ts_out", [False, True])
+def test_grouped_split_plan_covers_every_column(schema: str, ts_out: bool) -> None:
+    """The split plan exists for every supported layout (else the byte comparison above would
+    compare the reference with itself), takes every column exactly once at its field's offset,
+    and needs far fewer copies than columns where there are book levels."""
+    cols = sidecar._columns(dbn.SCHEMAS[schema])
+    dtype = dbn.SCHEMAS[schema].dtype(ts_out)
+    with sidecar._Columns(cols, 1 << 20, lambda out: ([], None)) as out:
+        plan = out._plan(dtype)
+    assert plan
+    taken = sorted(c for g in plan for row in g.columns for c in row)
+    assert taken == list(range(len(cols)))
+    for g in plan:
+        for r, row in enumerate(g.columns):
+            for c, col in enumerate(row):
+                sub, off = dtype.fields[cols[col][0]][:2]
+                assert (off, sub.itemsize) == (g.offset + r * g.outer + c * g.width, g.width)
+    if schema == "mbp-10":
+        assert len(plan) == 10  # 8 for the 13 base columns, 2 for the 60 level columns
+
+
+@pytest.mark.parametrize("src", [TRADES_V1, FIX / "dbn" / "test_data.mbp-10.v3.dbn.zst"])
+def test_grouped_split_equals_per_field_copies_for_any_chunks(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_Columns with the grouped split writes the same column bytes and checksums as with one
+    copy per field, for chunks that straddle the staging sets and for chunks that are not
+    contiguous (those take the per-field copies into the grouped staging)."""
+    records = tiled(src, 5_003)
+    wide = np.zeros(2 * len(records), records.dtype)
+    wide[::2] = records
+    strided = wide[::2]  # the same records, not contiguous
+    cuts = [0, 1, 700, 1_500, 1_501, 3_000, 4_100, len(records)]
+    cols = sidecar._columns(dbn.SCHEMAS[dbn.read_header(src).schema])
+    written = {}
+    for fast in (True, False):
+        monkeypatch.setattr(sidecar, "_FAST_SPLIT", fast)
+        spill = sidecar._Spill(len(cols), tmp_path)
+        try:
+            with sidecar._Columns(cols, 1, spill) as out:  # 1024-row staging sets
+                for j, (a, b) in enumerate(itertools.pairwise(cuts)):
+                    out.add((strided if j % 2 else records)[a:b], b)
+                out.finish()
+                assert bool(out.plan) is fast
+            data = []
+            for f in spill.files:
+                f.seek(0)
+                data.append(f.read())
+            written[fast] = (data, out.checksums())
+        finally:
+            spill.close()
+    assert written[True] == written[False]
+    for (name, _), column in zip(cols, written[True][0], strict=True):
+        assert column == np.ascontiguousarray(records[name]).tobytes(), name
+
+
 @pytest.mark.parametrize(
     ("src", "n", "zstd"),
     [
@@ -608,12 +692,12 @@ def test_assets_pass_the_derived_decoder_version(tmp_path: Path) -> None:
         (FIX / "dbn" / "test_data.mbp-10.v3.dbn.zst", 9_001, True),
     ],
 )
-def test_split_by_words_writes_the_same_file(
+def test_grouped_split_writes_the_same_file(
     src: Path, n: int, zstd: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The word-wise split of the 1- and 2-byte fields (sidecar._Columns._plan) writes a file
-    byte for byte equal to one written with a strided copy per field: same layout, columns,
-    checksums and metadata."""
+    """The grouped split (sidecar._Columns._plan: one strided copy per grid of fields) writes a
+    file byte for byte equal to one written with a strided copy per field: same layout,
+    columns, checksums and metadata."""
     big = tiled(src, n)
     p = write_dbn(
         tmp_path / f"big.dbn{'.zst' if zstd else ''}", dbn.read_header(src).header_bytes, big, zstd=zstd
