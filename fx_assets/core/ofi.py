@@ -978,7 +978,7 @@ def _bar_pass_nb(
     # ring as F is filled. Two loads per bar instead of n, each far apart in the ring (a cache
     # miss each). Valid once cj − nV ≥ comb_lo (the chain starts at the segment start, again
     # after a fill skips over a long bar); before that, and outside the integer case, the loop.
-    comb = vpin_int and use_ring
+    comb = vpin_int and use_ring and n_ring >= (vpin_n + 1) * vpin_v + 8
     pring = np.empty(n_ring if comb else 1)
     v_int = int(vpin_v) if comb else 0
     comb_lo = 0.0  # first volume of the chain of P
@@ -1012,43 +1012,66 @@ def _bar_pass_nb(
             # trade of the segment before thi: the search's, which starts at tlo); the comb
             # fills up to cj itself (its first trade with cumv ≥ cj is also before thi, and
             # F(cj) = cumd[thi − 1]: only zero sizes can follow that trade).
-            top = cj if comb else cj - vpin_v
-            if use_ring and fill_x <= top < _VPIN_RING_TOP:
-                if top - fill_x >= n_ring:  # a bar longer than the ring: skip to its end
-                    fill_x = math.floor(top) - (n_ring - 1)
-                    ring_lo = fill_x
-                    comb_lo = fill_x
-                comb_from = comb_lo + vpin_v  # P = 0 below it
-                while fill_x <= top:
-                    while cumv[fill_i] < fill_x:
-                        fill_i += 1
-                    # every integer volume up to cumv[fill_i] has its answer at fill_i
-                    cv = cumv[fill_i]
-                    cd = cumd[fill_i]
-                    sg = float(t_sign[fill_i])
-                    stop = min(cv, top)
-                    if comb:
-                        xi = int(fill_x)
-                        while fill_x <= stop:
-                            f = cd - sg * (cv - fill_x)
-                            r = xi & ring_mask
-                            ring[r] = f
-                            if fill_x >= comb_from:
-                                rb = (xi - v_int) & ring_mask
-                                pring[r] = pring[rb] + abs(f - ring[rb])
-                            else:
-                                pring[r] = 0.0
-                            fill_x += 1.0
-                            xi += 1
-                    else:
+            if comb:
+                if fill_x <= cj:
+                    if cj - fill_x >= n_ring - vpin_v - 3:  # a long bar: skip to its end
+                        fill_x = math.floor(cj) - (n_ring - v_int - 4)
+                        ring_lo = fill_x
+                        comb_lo = fill_x
+                        while cumv[fill_i] < fill_x:
+                            fill_i += 1
+                    # F trade by trade over the bar's trades (fill_i: the first one not done),
+                    # each writing 4 volumes from fx whatever its size (no unpredictable
+                    # branch for the usual sizes): a later trade overwrites the extra ones,
+                    # and those past cj (≤ 3) land on slots of volumes the P pass below
+                    # does not read (the fill spans < n_ring − V − 3 volumes), which the
+                    # next bar's fill writes first.
+                    x0 = int(fill_x)
+                    fx = x0
+                    for i in range(fill_i, thi):
+                        cv = cumv[i]
+                        cd = cumd[i]
+                        sg = float(t_sign[i])
+                        for u in range(4):
+                            ring[(fx + u) & ring_mask] = cd - sg * (cv - float(fx + u))
+                        e = int(cv)
+                        for xi in range(fx + 4, e + 1):
+                            ring[xi & ring_mask] = cd - sg * (cv - float(xi))
+                        if e >= fx:
+                            fx = e + 1
+                    fill_i = thi
+                    fill_x = float(fx)
+                    # P along each residue class mod V (0 on the chain's first V volumes)
+                    c_from = int(comb_lo) + v_int
+                    for xi in range(x0, min(c_from, fx)):
+                        pring[xi & ring_mask] = 0.0
+                    for xi in range(max(x0, c_from), fx):
+                        r = xi & ring_mask
+                        rb = (xi - v_int) & ring_mask
+                        pring[r] = pring[rb] + abs(ring[r] - ring[rb])
+            else:
+                top = cj - vpin_v
+                if use_ring and fill_x <= top < _VPIN_RING_TOP:
+                    if top - fill_x >= n_ring:  # a bar longer than the ring: skip to its end
+                        fill_x = math.floor(top) - (n_ring - 1)
+                        ring_lo = fill_x
+                    while fill_x <= top:
+                        while cumv[fill_i] < fill_x:
+                            fill_i += 1
+                        # every integer volume up to cumv[fill_i] has its answer at fill_i
+                        cv = cumv[fill_i]
+                        cd = cumd[fill_i]
+                        sg = float(t_sign[fill_i])
+                        stop = min(cv, top)
                         while fill_x <= stop:
                             ring[int(fill_x) & ring_mask] = cd - sg * (cv - fill_x)
                             fill_x += 1.0
             if comb and comb_lo <= cj - vpin_n * vpin_v and cj < fill_x:
-                # (cj ≥ fill_x − n_ring − … holds: the fill ended at cj and nV < n_ring)
+                # (P(cj − nV) is still in the ring: the fill ended at cj and nV + 4 < n_ring)
                 acc = pring[int(cj) & ring_mask] - pring[int(cj - vpin_n * vpin_v) & ring_mask]
             else:
-                lo_ok = max(ring_lo, fill_x - n_ring) if use_ring else math.inf
+                # (in the comb's case the ring's ≤ 3 lowest volumes may hold the slots past cj)
+                lo_ok = max(ring_lo, fill_x - n_ring + (4 if comb else 0)) if use_ring else math.inf
                 acc = 0.0
                 fhi = cumd[thi - 1]
                 for k in range(1, vpin_n + 1):
