@@ -40,7 +40,12 @@ Design: two passes, both sharded over contiguous bar ranges on a thread pool cal
      volume: the sidecar's case), its value F (cumulative signed volume at that volume, a
      function of the volume alone within the segment) is read from a ring filled once per
      volume as the bars advance, instead of searched for at each of the ~n·V/bar-volume bars
-     that reach it: the same value, bit for bit.
+     that reach it: the same value, bit for bit. When every size of the call and V are
+     integers (below 2^52), each bucket term is an exact integer and their sum exact in any
+     order, so the n-term sum is one difference of running sums along the volume's residue
+     class mod V, kept in a second ring (the comb): two loads per bar, bit for bit the loop.
+     Hawkes terms whose exp underflows to exactly 0.0 (a prefix of the window: the closes
+     ascend) are skipped; they add +0.0 to a sum that starts at +0.0.
   Every output of bar j is therefore a pure function of (input arrays, j): the sharded result
   equals the sequential one bit for bit for any number of shards. The equivalent
   "replay W bars" warm-up is what a *caller* needs across partitions: `ofi_warmup_bars`
@@ -867,6 +872,9 @@ _SCAN = 16  # block of the forward scan in _first_ge_nb (a power of two)
 # of it exact.
 _VPIN_RING_MAX = 1 << 20
 _VPIN_RING_TOP = float(1 << 52)
+# exp(x) is exactly +0.0 below this (e^−760 ≈ 8e−331, far below half the smallest subnormal
+# 4.9e−324: any libm rounds it to 0; tested against the kernels' exp).
+_EXP_ZERO_BELOW = -760.0
 
 
 @njit(cache=True, nogil=True)
@@ -917,15 +925,17 @@ def _first_ge_nb(a, p, hi, c):
 @njit(cache=True, nogil=True)
 def _bar_pass_nb(
     loc, asof, bar_close, has_start, ts_start,
-    seg_start, seg_trd_lo, trd_hi, cumv, cumd, t_sign, levels, vpin_v, vpin_n,
+    seg_start, seg_trd_lo, trd_hi, cumv, cumd, t_sign, levels, vpin_v, vpin_n, vpin_int,
     kyle_w, kyle_min, rv_scale, ti_windows, decay_ns, hawkes_bars, b0, b1, out,
 ):  # fmt: skip
     """Per-bar features of bars [b0, b1) into out[:, j] (columns × bars), from the per-bar sums.
 
     Every value of bar j is a pure function of the inputs and j. The only state carried from
     bar to bar is the VPIN boundary positions, which merely speed up a search whose answer is
-    unique, and the ring of F values at integer volumes, each the value that search gives
-    (computed by the same expression from the same trade), so neither can change a result.
+    unique, the ring of F values at integer volumes, each the value that search gives
+    (computed by the same expression from the same trade), the comb's running sums (exact
+    integers), and the first Hawkes term not known to be 0.0, so none can change a result.
+    ``vpin_int``: the comb's precondition (integer sizes and V, volumes below 2^52).
     """
     xs = np.empty(kyle_w)
     ys = np.empty(kyle_w)
@@ -960,7 +970,20 @@ def _bar_pass_nb(
     fill_x = 0.0  # next integer volume to fill
     fill_i = 0  # its trade index (moves forward only)
     ring_lo = 0.0  # lowest volume filled since the segment start (or a jump over a long bar)
+    # The comb (``vpin_int``: integer sizes from the call's start, an integer V, volumes below
+    # 2^52). Then F(x) at an integer x is an integer, so each bucket term D(y) = |F(y) − F(y−V)|
+    # is an exact integer and any sum of them below 2^53 is exact in any order: the bar's sum
+    # Σ_{k<n} D(cj − kV) equals P(cj) − P(cj − nV) bit for bit, P(x) = P(x − V) + D(x) the
+    # running sum along x's residue class mod V (0 on [comb_lo, comb_lo + V)), kept in a second
+    # ring as F is filled. Two loads per bar instead of n, each far apart in the ring (a cache
+    # miss each). Valid once cj − nV ≥ comb_lo (the chain starts at the segment start, again
+    # after a fill skips over a long bar); before that, and outside the integer case, the loop.
+    comb = vpin_int and use_ring and n_ring >= (vpin_n + 1) * vpin_v + 8
+    pring = np.empty(n_ring if comb else 1)
+    v_int = int(vpin_v) if comb else 0
+    comb_lo = 0.0  # first volume of the chain of P
     cur_seg = -1
+    hk = 0  # first Hawkes term of the previous bar not known to be 0.0
     nlev5 = min(5, levels)
     for j in range(b0, b1):
         s0 = seg_start[j]
@@ -982,42 +1005,88 @@ def _bar_pass_nb(
             fill_x = math.ceil(base)
             fill_i = tlo
             ring_lo = fill_x
+            comb_lo = fill_x
         cj = cumv[thi - 1] if thi > tlo else base
         if thi > tlo and cj - vpin_n * vpin_v >= base - 1e-9:
             # Fill F up to the bar's highest boundary cj − V (below cj, so every answer is a
-            # trade of the segment before thi: the search's, which starts at tlo).
-            top = cj - vpin_v
-            if use_ring and fill_x <= top < _VPIN_RING_TOP:
-                if top - fill_x >= n_ring:  # a bar longer than the ring: skip to its end
-                    fill_x = math.floor(top) - (n_ring - 1)
-                    ring_lo = fill_x
-                while fill_x <= top:
-                    while cumv[fill_i] < fill_x:
-                        fill_i += 1
-                    # every integer volume up to cumv[fill_i] has its answer at fill_i
-                    cv = cumv[fill_i]
-                    cd = cumd[fill_i]
-                    sg = float(t_sign[fill_i])
-                    stop = min(cv, top)
-                    while fill_x <= stop:
-                        ring[int(fill_x) & ring_mask] = cd - sg * (cv - fill_x)
-                        fill_x += 1.0
-            lo_ok = max(ring_lo, fill_x - n_ring) if use_ring else math.inf
-            acc = 0.0
-            fhi = cumd[thi - 1]
-            for k in range(1, vpin_n + 1):
-                c = cj - k * vpin_v
-                if lo_ok <= c < fill_x and c == math.floor(c):
-                    flo = ring[int(c) & ring_mask]
-                else:
-                    i = _first_ge_nb(cumv, ptr[k - 1], thi, c)
-                    ptr[k - 1] = i
-                    if i >= thi:
-                        i = thi - 1
-                    # cumulative signed volume at cumulative volume c (pro-rata inside trade i)
-                    flo = cumd[i] - float(t_sign[i]) * (cumv[i] - c)
-                acc += abs(fhi - flo)
-                fhi = flo
+            # trade of the segment before thi: the search's, which starts at tlo); the comb
+            # fills up to cj itself (its first trade with cumv ≥ cj is also before thi, and
+            # F(cj) = cumd[thi − 1]: only zero sizes can follow that trade).
+            if comb:
+                if fill_x <= cj:
+                    if cj - fill_x >= n_ring - vpin_v - 3:  # a long bar: skip to its end
+                        fill_x = math.floor(cj) - (n_ring - v_int - 4)
+                        ring_lo = fill_x
+                        comb_lo = fill_x
+                        while cumv[fill_i] < fill_x:
+                            fill_i += 1
+                    # F trade by trade over the bar's trades (fill_i: the first one not done),
+                    # each writing 4 volumes from fx whatever its size (no unpredictable
+                    # branch for the usual sizes): a later trade overwrites the extra ones,
+                    # and those past cj (≤ 3) land on slots of volumes the P pass below
+                    # does not read (the fill spans < n_ring − V − 3 volumes), which the
+                    # next bar's fill writes first.
+                    x0 = int(fill_x)
+                    fx = x0
+                    for i in range(fill_i, thi):
+                        cv = cumv[i]
+                        cd = cumd[i]
+                        sg = float(t_sign[i])
+                        for u in range(4):
+                            ring[(fx + u) & ring_mask] = cd - sg * (cv - float(fx + u))
+                        e = int(cv)
+                        for xi in range(fx + 4, e + 1):
+                            ring[xi & ring_mask] = cd - sg * (cv - float(xi))
+                        if e >= fx:
+                            fx = e + 1
+                    fill_i = thi
+                    fill_x = float(fx)
+                    # P along each residue class mod V (0 on the chain's first V volumes)
+                    c_from = int(comb_lo) + v_int
+                    for xi in range(x0, min(c_from, fx)):
+                        pring[xi & ring_mask] = 0.0
+                    for xi in range(max(x0, c_from), fx):
+                        r = xi & ring_mask
+                        rb = (xi - v_int) & ring_mask
+                        pring[r] = pring[rb] + abs(ring[r] - ring[rb])
+            else:
+                top = cj - vpin_v
+                if use_ring and fill_x <= top < _VPIN_RING_TOP:
+                    if top - fill_x >= n_ring:  # a bar longer than the ring: skip to its end
+                        fill_x = math.floor(top) - (n_ring - 1)
+                        ring_lo = fill_x
+                    while fill_x <= top:
+                        while cumv[fill_i] < fill_x:
+                            fill_i += 1
+                        # every integer volume up to cumv[fill_i] has its answer at fill_i
+                        cv = cumv[fill_i]
+                        cd = cumd[fill_i]
+                        sg = float(t_sign[fill_i])
+                        stop = min(cv, top)
+                        while fill_x <= stop:
+                            ring[int(fill_x) & ring_mask] = cd - sg * (cv - fill_x)
+                            fill_x += 1.0
+            if comb and comb_lo <= cj - vpin_n * vpin_v and cj < fill_x:
+                # (P(cj − nV) is still in the ring: the fill ended at cj and nV + 4 < n_ring)
+                acc = pring[int(cj) & ring_mask] - pring[int(cj - vpin_n * vpin_v) & ring_mask]
+            else:
+                # (in the comb's case the ring's ≤ 3 lowest volumes may hold the slots past cj)
+                lo_ok = max(ring_lo, fill_x - n_ring + (4 if comb else 0)) if use_ring else math.inf
+                acc = 0.0
+                fhi = cumd[thi - 1]
+                for k in range(1, vpin_n + 1):
+                    c = cj - k * vpin_v
+                    if lo_ok <= c < fill_x and c == math.floor(c):
+                        flo = ring[int(c) & ring_mask]
+                    else:
+                        i = _first_ge_nb(cumv, ptr[k - 1], thi, c)
+                        ptr[k - 1] = i
+                        if i >= thi:
+                            i = thi - 1
+                        # cumulative signed volume at cumulative volume c (pro-rata in trade i)
+                        flo = cumd[i] - float(t_sign[i]) * (cumv[i] - c)
+                    acc += abs(fhi - flo)
+                    fhi = flo
             out[16, j] = acc / (vpin_n * vpin_v)
         else:
             out[16, j] = math.nan
@@ -1063,8 +1132,15 @@ def _bar_pass_nb(
         # -- truncated exponential intensity at τ_j (events/s). Recomputed over the window:
         # a recursive decay would carry rounding from the segment start, so a shard or a
         # partition starting from a warm-up would not reproduce it bit for bit.
+        # Leading terms whose exp underflows to exactly 0.0 add +0.0 (loc ≥ 0, finite) to
+        # h = +0.0, so starting after them changes no bit; the closes ascend, so they are a
+        # prefix of the window, and the first kept bar only moves forward (hk).
         h = 0.0
-        for k in range(max(j - hawkes_bars + 1, s0), j + 1):
+        k = max(j - hawkes_bars + 1, s0, hk)
+        while k < j and -(bar_close[j] - bar_close[k]) / decay_ns < _EXP_ZERO_BELOW:
+            k += 1
+        hk = k
+        for k in range(hk, j + 1):
             h += loc[k, _L_HAWK] * math.exp(-(bar_close[j] - bar_close[k]) / decay_ns)
         out[21, j] = h / (decay_ns / 1e9)
         out[23, j] = loc[j, _L_NSNAP]
@@ -1138,10 +1214,12 @@ def _trade_prep_nb(ts, size, sign, cumv, cumd, bad):
     """One pass over the trades: the cumulative volume and signed volume (the same additions
     as ``np.cumsum(size)`` and ``np.cumsum(size * sign)``, without their full-size temporaries),
     and the first row (−1: none) out of ts order (bad[0]), with a size that is not finite and
-    ≥ 0 (bad[1]), with a sign outside {−1, 0, +1} (bad[2])."""
+    ≥ 0 (bad[1]), with a sign outside {−1, 0, +1} (bad[2]), with a size that is not an
+    integer (bad[3]: not an error; it tells whether VPIN's sums are exact integers)."""
     b_ts = -1
     b_sz = -1
     b_sg = -1
+    b_int = -1
     v = 0.0
     d = 0.0
     for i in range(ts.shape[0]):
@@ -1150,6 +1228,8 @@ def _trade_prep_nb(ts, size, sign, cumv, cumd, bad):
         x = size[i]
         if b_sz < 0 and not (x >= 0.0 and x < math.inf):
             b_sz = i
+        if b_int < 0 and x != math.floor(x):
+            b_int = i
         g = sign[i]
         if b_sg < 0 and g != -1 and g != 0 and g != 1:
             b_sg = i
@@ -1165,6 +1245,7 @@ def _trade_prep_nb(ts, size, sign, cumv, cumd, bad):
     bad[0] = b_ts
     bad[1] = b_sz
     bad[2] = b_sg
+    bad[3] = b_int
 
 
 @njit(cache=True, nogil=True)
@@ -1356,7 +1437,7 @@ def _compute(
     # integer sizes, so VPIN does not depend on where the arrays start).
     cumv = _empty_1d(nt if trades_ok else 0)
     cumd = _empty_1d(nt if trades_ok else 0)
-    trade_bad = np.full(3, -1, np.int64)
+    trade_bad = np.full(4, -1, np.int64)
 
     def prep(q: int) -> None:
         if q < 0:  # the trades' pass is sequential (a running sum): started first
@@ -1398,6 +1479,12 @@ def _compute(
         raise FxDataError(f"OFI {partition}: trades.size invalid ({t_size[r]}) at trade {r}")
     if trade_bad[2] >= 0:
         raise FxDataError(f"OFI {partition}: trades.sign must be in {{-1, 0, +1}}")
+    # VPIN's comb (see _bar_pass_nb): integer sizes and bucket volume, every cumulative volume
+    # (and so every |cumulative signed volume|) below 2^52, where integer sums are exact.
+    vpin_v = float(cfg.vpin_bucket_volume)
+    vpin_int = bool(
+        trade_bad[3] < 0 and vpin_v == math.floor(vpin_v) and (nt == 0 or cumv[nt - 1] < _VPIN_RING_TOP)
+    )
 
     tau = np.ascontiguousarray(bar_ts_close, dtype=np.int64)
     inst = np.ascontiguousarray(bar_instrument).astype(np.int64)
@@ -1462,7 +1549,7 @@ def _compute(
             loc, asof, tau, ts_window_start is not None,
             np.int64(ts_window_start if ts_window_start is not None else 0), seg_start,
             seg_trd_lo, trd_hi, cumv, cumd, t_sign, L,
-            float(cfg.vpin_bucket_volume), cfg.vpin_buckets, cfg.kyle_window, cfg.kyle_min_bars,
+            vpin_v, cfg.vpin_buckets, vpin_int, cfg.kyle_window, cfg.kyle_min_bars,
             float(cfg.rv_return_scale), ti_w, decay_ns, cfg.hawkes_bars, bounds[0], bounds[1],
             out,
         )  # fmt: skip

@@ -807,3 +807,122 @@ def test_validate_raises_without_book_and_empty_inputs_work() -> None:
         validate_ofi(f, "2024-Q4")
     none = run(book, trades, tau[:0], inst[:0])
     assert len(none) == 0 and set(none.columns) == set(ofi_feature_registry(small_cfg()))
+
+
+def test_vpin_comb_default_buckets_equals_the_search_bit_for_bit() -> None:
+    """The comb (integer sizes and V: one difference of running sums per bar) at the default
+    50 buckets of 1000 contracts: bit for bit the per-boundary search, through a roll, bars
+    longer than the ring (2^16 volumes; the chain restarts after the skip), zero sizes, every
+    shard count; a single fractional trade anywhere in the call takes the whole call off
+    the comb (the search path), which must also match."""
+    rng = np.random.default_rng(31)
+    n_tr = 9000
+    t0 = 1_700_000_000_000_000_000
+    t_ts = t0 + np.sort(rng.integers(0, 10**12, n_tr))
+    size = rng.integers(0, 40, n_tr).astype(float)
+    size[[2000, 6500]] = [70_000.0, 90_000.0]  # longer than the ring
+    sign = rng.choice(np.array([-1, 0, 1, 1], np.int8), n_tr)
+    cut = np.sort(rng.choice(np.arange(1, n_tr - 1), 500, replace=False))
+    tau = np.append(t_ts[cut], t_ts[-1])
+    inst = np.ones(len(tau), np.uint32)
+    inst[300:] = 2
+    book, _, _, _ = make_market(31, n_snap=300, n_trades=10, n_bars=3, roll_at=None)
+    cfg = small_cfg(vpin_bucket_volume=1000.0, vpin_buckets=50)
+    for frac_at in (None, 7000):
+        sz = size.copy()
+        if frac_at is not None:
+            sz[frac_at] += 0.5
+        trades = TradeArrays(t_ts, np.full(n_tr, 1.1), sz, sign)
+        want = _vpin_by_search(t_ts, sz, sign.astype(float), tau, inst, 50, 1000.0)
+        assert np.isfinite(want).sum() > 250
+        for k in (1, 4, 9):
+            got = run(book, trades, tau, inst, small_cfg(**{**cfg.model_dump(), "n_shards": k})).columns[
+                "vpin_50"
+            ]
+            np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def _hawkes_by_sum(book, trades, tau, inst, hawkes_bars: int, decay_s: float) -> np.ndarray:
+    """hawkes_intensity as the kernels add it, in Python (CPython's math.exp is the same libm
+    exp): per bar the sum over its window's valid snapshots then trades, then the sum over
+    the last hawkes_bars bars of the segment of sum_k · exp(−(τ_j − τ_k)/δ), every term."""
+    decay_ns = decay_s * 1e9
+    ok = (
+        (np.abs(book.bid_px[:, 0]) < np.inf)
+        & (np.abs(book.ask_px[:, 0]) < np.inf)
+        & (book.bid_px[:, 0] <= book.ask_px[:, 0])
+        & (book.bid_px[:, 0] > 0)
+    )
+    s_hi = np.searchsorted(book.ts, tau, side="right")
+    t_hi = np.searchsorted(trades.ts, tau, side="right")
+    loc = []
+    for j in range(len(tau)):
+        s_lo = s_hi[j - 1] if j else 0
+        t_lo = t_hi[j - 1] if j else 0
+        h = 0.0
+        for i in range(s_lo, s_hi[j]):
+            if ok[i]:
+                h += math.exp(-int(tau[j] - book.ts[i]) / decay_ns)
+        for i in range(t_lo, t_hi[j]):
+            h += math.exp(-int(tau[j] - trades.ts[i]) / decay_ns)
+        loc.append(h)
+    out = np.empty(len(tau))
+    s0 = 0
+    for j in range(len(tau)):
+        if j and inst[j] != inst[j - 1]:
+            s0 = j
+        h = 0.0
+        for k in range(max(j - hawkes_bars + 1, s0), j + 1):
+            h += loc[k] * math.exp(-int(tau[j] - tau[k]) / decay_ns)
+        out[j] = h / (decay_ns / 1e9)
+    return out
+
+
+def test_hawkes_skipping_underflowed_terms_is_bit_for_bit() -> None:
+    """The bar pass starts each Hawkes sum after the leading terms whose exp is exactly 0.0;
+    on a market with quiet gaps far longer than 760·δ (bars whose early terms underflow, some
+    whose every earlier term does) and busy stretches (none skipped), it equals the full sum
+    bit for bit, for every shard count."""
+    rng = np.random.default_rng(32)
+    book, trades, tau, inst = make_market(32, n_snap=3000, n_trades=1500, n_bars=150, roll_at=90)
+
+    # Stretch time: the events of each of 12 clusters spread over ~2 s, clusters 100..900 s
+    # apart (δ = 0.5 s: exp underflows beyond 380 s).
+    def stretch(ts: np.ndarray) -> np.ndarray:
+        t0 = ts[0]
+        rel = (ts - t0) / 60e9  # in [0, 1]
+        cl = np.minimum((rel * 12).astype(np.int64), 11)
+        gaps = np.cumsum(rng.integers(100, 900, 12)) * 10**9
+        return t0 + gaps[cl] + ((rel * 12 - cl) * 2e9).astype(np.int64)
+
+    lo = min(book.ts[0], trades.ts[0])  # one origin for all three (stretch is monotone)
+    book = replace(book, ts=stretch(np.concatenate([[lo], book.ts]))[1:])
+    trades = replace(trades, ts=stretch(np.concatenate([[lo], trades.ts]))[1:])
+    tau_s = stretch(np.concatenate([[lo], tau]))[1:]
+    cfg = small_cfg(hawkes_bars=12, hawkes_decay_s=0.5)
+    want = _hawkes_by_sum(book, trades, tau_s, inst, 12, 0.5)
+    gaps = np.diff(tau_s) / 1e9
+    assert (gaps > 380).sum() >= 5 and (gaps < 1).sum() > 50
+    for k in (1, 3, 8):
+        got = run(book, trades, tau_s, inst, small_cfg(**{**cfg.model_dump(), "n_shards": k, "n_workers": 2}))
+        np.testing.assert_array_equal(got.columns["hawkes_intensity"].view(np.int64), want.view(np.int64))
+
+
+def test_exp_is_zero_below_the_hawkes_cut() -> None:
+    """The kernels' exp (numba's) and CPython's give exactly +0.0 at and below
+    _EXP_ZERO_BELOW, so the skipped Hawkes terms are exactly +0.0."""
+    from numba import njit
+
+    from fx_assets.core.ofi import _EXP_ZERO_BELOW
+
+    @njit
+    def exps(x):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = math.exp(x[i])
+        return out
+
+    x = np.concatenate([np.linspace(_EXP_ZERO_BELOW, -2000.0, 5001), _EXP_ZERO_BELOW - np.arange(50) * 1e-12])
+    got = exps(x)
+    assert np.all(got == 0.0) and not np.signbit(got).any()
+    assert all(math.exp(v) == 0.0 for v in x.tolist())
