@@ -541,9 +541,15 @@ def _slope_resume(px, sz, i, levels, mid, tick, inv_tick, cache, side, j, midch,
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out):
+def _book_state_row(
+    bpx, apx, bsz, asz, i, levels, tick, inv_tick, slope, ints, jb, ja, midch,
+    num5, den5, numl, denl, ctn, ctd, sb, sa, db, da, com, out,
+):  # fmt: skip
     """``ofi._book_state_nb`` of row ``i`` into ``out[i, 0:12]`` (the same formulas, operation
-    for operation), with the slopes resumed where the book did not change."""
+    for operation), with the slopes resumed where the book did not change. The level sums
+    (``num5`` .. ``com``) come from the kernel's level loop, which adds the same terms in the
+    same level order as ``_book_state_nb``'s loop (so the same bits) while the row's levels are
+    loaded for the OFI terms anyway (one pass over the row instead of two)."""
     pb = bpx[i, 0]
     pa = apx[i, 0]
     qb = bsz[i, 0]
@@ -551,40 +557,6 @@ def _book_state_row(bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slo
     mid = 0.5 * (pb + pa)
     s = pa - pb
     i1 = _ratio(qb - qa, qb + qa)
-    n5 = min(5, levels)
-    num5 = 0.0
-    den5 = 0.0
-    numl = 0.0
-    denl = 0.0
-    ctn = 0.0
-    ctd = 0.0
-    sb = 0.0
-    sa = 0.0
-    db = 0.0
-    da = 0.0
-    com = 0.0
-    for k in range(levels):
-        b = bpx[i, k]
-        a = apx[i, k]
-        vb = bsz[i, k] if b == b else 0.0
-        va = asz[i, k] if a == a else 0.0
-        cb = bct[i, k] if b == b else 0.0
-        ca = act[i, k] if a == a else 0.0
-        if k < n5:
-            num5 += vb - va
-            den5 += vb + va
-        numl += vb - va
-        denl += vb + va
-        ctn += cb - ca
-        ctd += cb + ca
-        if b == b:
-            sb += vb
-            db += vb * (mid - b)
-            com += vb * (b - mid)
-        if a == a:
-            sa += va
-            da += va * (a - mid)
-            com += va * (a - mid)
     out[i, 0] = i1
     out[i, 1] = _ratio(num5, den5)
     out[i, 2] = _ratio(numl, denl)
@@ -614,7 +586,11 @@ def _log1p_us(dt_ns: int) -> float:
     return math.log1p(dt_ns / 1e3)
 
 
-@njit(cache=True, nogil=True)
+# error_model="numpy": a float division by zero would give inf/NaN instead of raising, so numba
+# emits no zero test and exception exit per division (the scan has ~40 per row); every division
+# here is guarded (counts, depths and spans tested > 0, the tick > 0 by its config) except the
+# mid of spread_bps, which snapshot_features checks (_check_chunk_nb). Same bits otherwise.
+@njit(cache=True, nogil=True, error_model="numpy")
 def _snapshot_nb(
     ts, brk, action, side, size, bpx, apx, bsz, asz, bct, act,
     levels, tick, inv_tick, flow_w, mlofi_k, trade_w, kyle_k, vb_vol, vb_n, drift_w, agg_lv,
@@ -646,6 +622,7 @@ def _snapshot_nb(
     nag = agg_lv.shape[0]
     o_ag = 12 + nf  # first aggregated-OFI output column
     o_tr = 12 + nf + nf * nag + levels  # first trade output column
+    n5 = min(5, levels)
     n_tr = 3 * ntw + 2
     for i in range(n):
         u = np.int64(math.floor(_per_tick(bpx[i, 0] + apx[i, 0], tick, inv_tick) + 0.5))  # half-ticks
@@ -671,11 +648,45 @@ def _snapshot_nb(
         ce = 0.0  # Σ e^(m) and Σ (Qb_m + Qa_m) over the levels so far (integers: exact)
         cq = 0.0
         g = 0
+        # the book state's level sums (_book_state_row), in ofi._book_state_nb's order
+        mid = 0.5 * (bpx[i, 0] + apx[i, 0])
+        num5 = 0.0
+        den5 = 0.0
+        numl = 0.0
+        denl = 0.0
+        ctn = 0.0
+        ctd = 0.0
+        sb = 0.0
+        sa = 0.0
+        db = 0.0
+        da = 0.0
+        com = 0.0
         for m in range(levels):
-            b = _px(bpx[i, m], True)
-            a = _px(apx[i, m], False)
-            qb = bsz[i, m] if bpx[i, m] == bpx[i, m] else 0.0
-            qa = asz[i, m] if apx[i, m] == apx[i, m] else 0.0
+            rb = bpx[i, m]
+            ra = apx[i, m]
+            hb = rb == rb  # level present (not NaN)
+            ha = ra == ra
+            b = rb if hb else -_BIG
+            a = ra if ha else _BIG
+            qb = bsz[i, m] if hb else 0.0
+            qa = asz[i, m] if ha else 0.0
+            cb = bct[i, m] if hb else 0.0
+            ca = act[i, m] if ha else 0.0
+            if m < n5:
+                num5 += qb - qa
+                den5 += qb + qa
+            numl += qb - qa
+            denl += qb + qa
+            ctn += cb - ca
+            ctd += cb + ca
+            if hb:
+                sb += qb
+                db += qb * (mid - rb)
+                com += qb * (rb - mid)
+            if ha:
+                sa += qa
+                da += qa * (ra - mid)
+                com += qa * (ra - mid)
             if m < jb and (b != prev[0, m] or qb != prev[2, m]):
                 jb = m
             if m < ja and (a != prev[1, m] or qa != prev[3, m]):
@@ -813,8 +824,9 @@ def _snapshot_nb(
         ints[_I_RPOS] = rpos + 1 if rpos + 1 < RK else 0
         # ---- outputs of row i
         _book_state_row(
-            bpx, apx, bsz, asz, bct, act, i, levels, tick, inv_tick, slope, ints, jb, ja, midch, out
-        )
+            bpx, apx, bsz, asz, i, levels, tick, inv_tick, slope, ints, jb, ja, midch,
+            num5, den5, numl, denl, ctn, ctd, sb, sa, db, da, com, out,
+        )  # fmt: skip
         o = 12
         for w in range(nf):
             md = sums[s_dep + w] / min(rows + 1, flow_w[w])
@@ -862,7 +874,8 @@ def _snapshot_nb(
 @njit(cache=True, nogil=True)
 def _check_chunk_nb(ts, bid1, ask1):
     """The chunk's preconditions in one pass: (first row whose ts is below the previous row's,
-    first row without a finite best bid and ask or crossed), each -1 if none."""
+    first row without a finite best bid and ask, crossed, or with a zero mid: spread_bps divides
+    by it), each -1 if none."""
     bad_ts = -1
     bad_touch = -1
     for i in range(ts.shape[0]):
@@ -870,7 +883,7 @@ def _check_chunk_nb(ts, bid1, ask1):
             bad_ts = i
         b = bid1[i]
         a = ask1[i]
-        if bad_touch < 0 and not (math.isfinite(b) and math.isfinite(a) and a >= b):
+        if bad_touch < 0 and not (math.isfinite(b) and math.isfinite(a) and a >= b and a + b != 0.0):
             bad_touch = i
     return bad_ts, bad_touch
 
@@ -913,7 +926,7 @@ def snapshot_features(
     if bad_touch >= 0:
         j = int(bad_touch)
         raise FxDataError(
-            f"snapshot chunk: row {j} has no best bid/ask or is crossed ({b1[j]!r} / {a1[j]!r})"
+            f"snapshot chunk: row {j} has no best bid/ask, is crossed or has a zero mid ({b1[j]!r} / {a1[j]!r})"
         )
     st = new_state(cfg) if state is None else state
     nf = len(feature_names(cfg))
