@@ -207,6 +207,10 @@ def test_bad_chunks_are_refused_by_row() -> None:
     book.ask_px[40, 0] = np.inf
     with pytest.raises(FxDataError, match="row 31 has no best bid/ask"):
         snapshot_features(book, CFG)
+    book = make_book(50)  # a zero mid: spread_bps would divide by it (the kernel does not check)
+    book.bid_px[12, 0], book.ask_px[12, 0] = -TICK, TICK
+    with pytest.raises(FxDataError, match="row 12 .* zero mid"):
+        snapshot_features(book, CFG)
     with pytest.raises(ValueError):
         SnapshotFeatureConfig(flow_windows=[0])
 
