@@ -209,7 +209,7 @@ def test_bad_chunks_are_refused_by_row() -> None:
         snapshot_features(book, CFG)
     book = make_book(50)  # a zero mid: spread_bps would divide by it (the kernel does not check)
     book.bid_px[12, 0], book.ask_px[12, 0] = -TICK, TICK
-    with pytest.raises(FxDataError, match="row 12 .* zero mid"):
+    with pytest.raises(FxDataError, match=r"row 12 .* zero mid"):
         snapshot_features(book, CFG)
     with pytest.raises(ValueError):
         SnapshotFeatureConfig(flow_windows=[0])
