@@ -389,3 +389,35 @@ def test_trades_altered_after_t_change_no_row_up_to_t(quarter: Quarter, tmp_path
             np.testing.assert_array_equal(getattr(got, f)[:k], getattr(full, f)[:k], err_msg=f"T={t}: {f}")
         c = len(feature_names(CFG))  # bar_prog_volume
         assert not np.array_equal(got.features[k:, c], full.features[k:, c])
+
+
+def test_bar_join_kernel_is_bit_identical_to_the_numpy_join() -> None:
+    """``_join_bar_nb`` (bar progress and bar context, one pass into the block) writes exactly
+    the bits of the NumPy join it replaced (``bar_progress`` into the progress columns, then a
+    ``np.take`` of the bars' values into the rest), into a strided block's columns only: rows
+    before and after their bar's close, bars of zero volume and duration, NaN bar values."""
+    from fx_assets.core.snapshot_features import bar_progress
+
+    rng = np.random.default_rng(11)
+    n_bars, m, nv, c0 = 50, 4000, 7, 5
+    close_vol = np.cumsum(rng.integers(50, 150, n_bars)).astype(np.float64)
+    bar_volume = rng.integers(0, 150, n_bars).astype(np.float64)
+    bar_volume[::9] = 0.0
+    bar_ts_close = np.cumsum(rng.integers(1, 10**9, n_bars)).astype(np.int64)
+    bar_duration_ns = rng.integers(-5, 10**10, n_bars).astype(np.int64)
+    bar_duration_ns[::7] = 0
+    bar_values = rng.normal(size=(n_bars, nv))
+    bar_values[3, 2] = np.nan
+    jj = np.sort(rng.integers(0, n_bars, m)).astype(np.int64)
+    ts = bar_ts_close[jj] + rng.integers(-(10**6), 10**9, m)  # some before the close (clipped)
+    vol = close_vol[jj] + rng.integers(-20, 200, m).astype(np.float64)  # some below (clipped)
+    vol[::13] = close_vol[jj[::13]]  # exactly at the close
+    width = c0 + 3 + nv + 2
+    want = rng.normal(size=(m, width))
+    got = want.copy()
+    want[:, c0 : c0 + 3] = bar_progress(
+        vol - close_vol[jj], bar_volume[jj], ts - bar_ts_close[jj], bar_duration_ns[jj]
+    )
+    np.take(bar_values, jj, axis=0, out=want[:, c0 + 3 : c0 + 3 + nv])
+    sr._join_bar_nb(jj, vol, ts, close_vol, bar_volume, bar_ts_close, bar_duration_ns, bar_values, got, c0)
+    assert got.tobytes() == want.tobytes()
