@@ -249,6 +249,47 @@ def _join_bar_nb(
             block[r, c0 + 3 + k] = bar_values[j, k]
 
 
+@njit(cache=True, nogil=True)
+def _chunk_rows_nb(
+    idx: I64,
+    slot: I64,
+    action: npt.NDArray[np.uint8],
+    side: npt.NDArray[np.uint8],
+    size: npt.NDArray[np.uint32],
+    bid0: F64,
+    ask0: F64,
+    slot_day: F64,
+    slot_code: F64,
+    last_slot: int,
+    n_breaks: int,
+    o_action: npt.NDArray[np.uint8],
+    o_side: npt.NDArray[np.int8],
+    o_size: F64,
+    o_breaks: I64,
+    prices: F64,
+) -> None:
+    """The chunk's per-row columns in one pass (what a dozen NumPy gathers and temporaries
+    did): the records' action, aggressor sign (``_SIDE_SIGN``: 'B' +1, 'A' -1, else 0) and
+    size (float64), the running break count (+1 where the session slot changes, from
+    ``last_slot`` / ``n_breaks`` of the previous chunk) and the price columns (mid = (best
+    bid + best ask) / 2, the slot's day and contract code)."""
+    brk = n_breaks
+    prev = last_slot
+    for r in range(idx.shape[0]):
+        i = idx[r]
+        o_action[r] = action[i]
+        o_side[r] = _SIDE_SIGN[side[i]]
+        o_size[r] = size[i]
+        s = slot[r]
+        if s != prev:
+            brk += 1
+            prev = s
+        o_breaks[r] = brk
+        prices[r, 0] = (bid0[r] + ask0[r]) / 2.0
+        prices[r, 1] = slot_day[s]
+        prices[r, 2] = slot_code[s]
+
+
 class _TradeVolume:
     """Active-contract trade volume up to given times, from the memory-mapped trades sidecar
     (a forward merge; pages released behind it)."""
@@ -427,6 +468,7 @@ def iter_snapshot_rows(
     width = nf + npg + plan.bar_values.shape[1]
     out_block = np.empty((0, 0))
     out_prices = np.empty((0, len(SNAPSHOT_PRICE_COLUMNS)))
+    row_bufs: tuple[np.ndarray, ...] = ()
     for lo in range(0, ts.shape[0], chunk):
         hi = min(ts.shape[0], lo + chunk)
         m = _select_nb(
@@ -453,24 +495,27 @@ def iter_snapshot_rows(
         # A row is its session's active contract, so its session slot fixes its day, contract
         # and contract code; the break count (+1 at every change of session or contract, the
         # first row too) moves exactly where the slot does.
-        change = np.empty(m, np.int64)
-        change[0] = slot[0] != last_slot
-        np.not_equal(slot[1:], slot[:-1], out=change[1:])
-        breaks = n_breaks + np.cumsum(change)
-        last_slot, n_breaks = slot[m - 1], breaks[-1]
-        side = _SIDE_SIGN[c["side"][idx]]
+        if out_block.shape[0] < m or out_block.shape[1] != width:
+            out_block = np.empty((max(m, chunk_cap), width))
+            out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
+            row_bufs = (
+                np.empty(out_block.shape[0], np.uint8), np.empty(out_block.shape[0], np.int8),
+                np.empty(out_block.shape[0]), np.empty(out_block.shape[0], np.int64),
+            )  # fmt: skip
+        block, prices = out_block[:m], out_prices[:m]
+        action, side, size, breaks = (b[:m] for b in row_bufs)
+        _chunk_rows_nb(
+            idx, slot, c["action"], c["side"], c["size"], mats[0][:, 0], mats[1][:, 0], slot_day, slot_code,
+            int(last_slot), int(n_breaks), action, side, size, breaks, prices,
+        )  # fmt: skip
+        last_slot, n_breaks = slot[m - 1], breaks[m - 1]
         snap = SnapshotBook(
-            ts=o_ts, breaks=breaks, action=c["action"][idx], side=side,
-            size=c["size"][idx].astype(np.float64), bid_px=mats[0], ask_px=mats[1], bid_sz=mats[2],
-            ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
+            ts=o_ts, breaks=breaks, action=action, side=side, size=size, bid_px=mats[0], ask_px=mats[1],
+            bid_sz=mats[2], ask_sz=mats[3], bid_ct=mats[4], ask_ct=mats[5],
         )  # fmt: skip
         # one row-major block per chunk: the scan's columns (written there by the scan), the
         # bar progress, then the bar context (the bar features of each row's last closed bar,
         # gathered straight into place)
-        if out_block.shape[0] < m or out_block.shape[1] != width:
-            out_block = np.empty((max(m, chunk_cap), width))
-            out_prices = np.empty((out_block.shape[0], len(SNAPSHOT_PRICE_COLUMNS)))
-        block, prices = out_block[:m], out_prices[:m]
         _, st = snapshot_features(snap, cfg, st, out=block[:, :nf])
         keep, jj = plan.context(row0, m)
         n_keep = int(np.count_nonzero(keep))
@@ -480,10 +525,6 @@ def iter_snapshot_rows(
                 jj, vol, o_ts, plan.close_vol, plan.bar_volume, plan.bar_ts_close, plan.bar_duration_ns,
                 plan.bar_values, block, nf,
             )  # fmt: skip
-            np.add(mats[0][:, 0], mats[1][:, 0], out=prices[:, 0])
-            prices[:, 0] /= 2.0
-            np.take(slot_day, slot, out=prices[:, 1])
-            np.take(slot_code, slot, out=prices[:, 2])
             rows = np.arange(row0, row0 + m, dtype=np.int64)
             if n_keep == m:  # the usual chunk: nothing dropped, no copies
                 yield SnapshotChunk(ts=o_ts, features=block, prices=prices, rows=rows)
