@@ -14,7 +14,8 @@ With several ``--chunks`` (MBP-10 records per ``iter_snapshot_rows`` chunk; defa
 stage's), each dtype runs once per chunk size per round, alternating; figures per chunk size
 are the medians over the rounds.
 
-Prints one JSON object (also written to benchmarks/results/diag_snapshot_rows_split.json).
+Each written file's sha256 is recorded (the same input and code give the same bytes: compare
+runs of two revisions). Prints one JSON object (also written to benchmarks/results/diag_snapshot_rows_split.json).
 The fxcache files go to ``--out`` (default: a temporary directory, removed after).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import pstats
@@ -107,6 +109,10 @@ def run(dtypes: list[str], out_dir: Path, chunks: list[int], rounds: int) -> dic
         prof.disable()
         wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
         size = path.stat().st_size
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while blk := fh.read(1 << 24):
+                h.update(blk)
         path.unlink()
         st = pstats.Stats(prof)
         parts = {p: sum(_cum(st, f, n) for f, n in fns) for p, fns in PARTS.items()}
@@ -115,6 +121,7 @@ def run(dtypes: list[str], out_dir: Path, chunks: list[int], rounds: int) -> dic
             "wall_s": wall,
             "cpu_s": cpu,
             "file_mb": round(size / 1e6, 1),
+            "file_sha256": h.hexdigest(),
             "parts_wall_s": parts,
             "other_wall_s": wall - sum(parts.values()),
         }
@@ -139,6 +146,7 @@ def run(dtypes: list[str], out_dir: Path, chunks: list[int], rounds: int) -> dic
             "wall_s": med([r["wall_s"] for r in rs]),
             "cpu_s": med([r["cpu_s"] for r in rs]),
             "file_mb": rs[0]["file_mb"],
+            "file_sha256": sorted({r["file_sha256"] for r in rs}),
             "parts_wall_s": {p: med([r["parts_wall_s"][p] for r in rs]) for p in PARTS},
             "other_wall_s": med([r["other_wall_s"] for r in rs]),
         }
