@@ -696,6 +696,44 @@ def render_snapshot(name: str, res: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def render_snapshot_split(name: str, res: dict[str, Any] | None) -> str:
+    """``diag_snapshot_split``: the snapshot scan's CPU time by feature group (ablation), this
+    tree beside its baseline when it has one."""
+    if res is None:
+        return f"`results/{name}.json`: not run."
+    if "_error" in res:
+        return f"`results/{name}.json`: {res['_error']}."
+    f = res["figures"]
+    vers = [v for v in ("baseline", "current") if isinstance(f.get(v), dict)]
+    head = ["group (ablated)"] + [
+        f"{'this tree' if v == 'current' else 'baseline `' + str(f[v]['source'])[:7] + '`'}: ns/update (share)"
+        for v in vers
+    ]
+    rows = [
+        ["whole scan"]
+        + [f"{fmt(f[v]['full_ns_per_update'])} ({fmt(f[v]['full_updates_per_cpu_s'])}/s)" for v in vers]
+    ]
+    for g, what in f["groups"].items():
+        rows.append(
+            [f"`{g}`: {what}"]
+            + [
+                f"{fmt(f[v][g]['ns_per_update'])} ({fmt(round(100 * f[v][g]['share_of_scan']))} %)"
+                for v in vers
+            ]
+        )
+    return "\n".join(
+        [
+            provenance(name, res),
+            "",
+            f"{fmt(f['rows'])} updates, chunks of {fmt(f['chunk_rows'])}, CPU 0, median of {fmt(f['rounds'])} "
+            "alternating rounds of CPU seconds; a group's figure is the whole scan minus the scan with that "
+            "group replaced by a constant (an estimate: the parts need not add up).",
+            "",
+            table(head, rows),
+        ]
+    )
+
+
 def render_load_path(name: str, res: dict[str, Any] | None) -> str:
     """``bench_load_path``: A (the checkout compared with) beside B (this one), per measure, wall
     and CPU seconds (medians over the rounds, min–max), what the definitions import loaded."""
@@ -833,6 +871,7 @@ KNOWN: dict[str, Callable[[str, dict[str, Any] | None], str] | None] = {
     "bench_features_scaling": None,
     "bench_snapshot": render_snapshot,
     "bench_snapshot_quick": render_snapshot,
+    "diag_snapshot_split": render_snapshot_split,
     "gpu_h200": None,
     "gpu_h200_asset_path": None,
     "gpu_h200_kernels": None,

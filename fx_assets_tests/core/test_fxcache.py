@@ -645,3 +645,30 @@ def test_body_hash_names_a_file_cut_short_and_a_changed_byte(tmp_path: Path) -> 
     short.write_bytes(p.read_bytes()[: h.values_offset + 100])
     with pytest.raises(FxCacheError, match="truncated file at byte"):
         fxcache._verify_bodies(short, h)
+
+
+def test_bf16_kernel_is_the_numpy_rounding() -> None:
+    """The compiled bf16 rounding gives the bits of the NumPy formula it replaced, on every
+    kind of float32: random bit patterns (NaNs of both signs and payloads, infinities,
+    subnormals), values next to the overflow and tie points, zeros; 1-D and 2-D."""
+
+    def numpy_form(f: np.ndarray) -> np.ndarray:
+        bits = f.view(np.uint32)
+        lsb = (bits >> np.uint32(16)) & np.uint32(1)
+        rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+        nan = np.isnan(f)
+        rounded[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+        return rounded
+
+    rng = np.random.default_rng(5)
+    pats = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edge = np.array(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7FC00000,
+         0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0xFFFF8000, 0x00000001, 0x00008000, 0x00018000, 0x3F808000],
+        dtype=np.uint32,
+    )  # fmt: skip
+    f = np.concatenate([pats, edge]).view(np.float32)
+    assert f32_to_bf16_bits(f).tobytes() == numpy_form(f).tobytes()
+    g = f[:100_000].reshape(1000, 100)
+    assert f32_to_bf16_bits(g).tobytes() == numpy_form(g.copy()).tobytes()
+    assert f32_to_bf16_bits(g).shape == (1000, 100)

@@ -389,3 +389,78 @@ def test_trades_altered_after_t_change_no_row_up_to_t(quarter: Quarter, tmp_path
             np.testing.assert_array_equal(getattr(got, f)[:k], getattr(full, f)[:k], err_msg=f"T={t}: {f}")
         c = len(feature_names(CFG))  # bar_prog_volume
         assert not np.array_equal(got.features[k:, c], full.features[k:, c])
+
+
+def test_bar_join_kernel_is_bit_identical_to_the_numpy_join() -> None:
+    """``_join_bar_nb`` (bar progress and bar context, one pass into the block) writes exactly
+    the bits of the NumPy join it replaced (``bar_progress`` into the progress columns, then a
+    ``np.take`` of the bars' values into the rest), into a strided block's columns only: rows
+    before and after their bar's close, bars of zero volume and duration, NaN bar values."""
+    from fx_assets.core.snapshot_features import bar_progress
+
+    rng = np.random.default_rng(11)
+    n_bars, m, nv, c0 = 50, 4000, 7, 5
+    close_vol = np.cumsum(rng.integers(50, 150, n_bars)).astype(np.float64)
+    bar_volume = rng.integers(0, 150, n_bars).astype(np.float64)
+    bar_volume[::9] = 0.0
+    bar_ts_close = np.cumsum(rng.integers(1, 10**9, n_bars)).astype(np.int64)
+    bar_duration_ns = rng.integers(-5, 10**10, n_bars).astype(np.int64)
+    bar_duration_ns[::7] = 0
+    bar_values = rng.normal(size=(n_bars, nv))
+    bar_values[3, 2] = np.nan
+    jj = np.sort(rng.integers(0, n_bars, m)).astype(np.int64)
+    ts = bar_ts_close[jj] + rng.integers(-(10**6), 10**9, m)  # some before the close (clipped)
+    vol = close_vol[jj] + rng.integers(-20, 200, m).astype(np.float64)  # some below (clipped)
+    vol[::13] = close_vol[jj[::13]]  # exactly at the close
+    width = c0 + 3 + nv + 2
+    want = rng.normal(size=(m, width))
+    got = want.copy()
+    want[:, c0 : c0 + 3] = bar_progress(
+        vol - close_vol[jj], bar_volume[jj], ts - bar_ts_close[jj], bar_duration_ns[jj]
+    )
+    np.take(bar_values, jj, axis=0, out=want[:, c0 + 3 : c0 + 3 + nv])
+    sr._join_bar_nb(jj, vol, ts, close_vol, bar_volume, bar_ts_close, bar_duration_ns, bar_values, got, c0)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_chunk_rows_kernel_is_the_numpy_form() -> None:
+    """``_chunk_rows_nb`` gives exactly what the NumPy lines it replaced gave: the records'
+    action, aggressor sign (via ``_SIDE_SIGN``), float size, the running break count (from the
+    previous chunk's slot and count, +1 at each slot change) and the price columns."""
+    rng = np.random.default_rng(12)
+    n_rec, m = 5000, 3000
+    action = rng.choice(np.frombuffer(b"TAMCR", np.uint8), n_rec)
+    side = rng.choice(np.frombuffer(b"ABN", np.uint8), n_rec)
+    size = rng.integers(0, 2**32, n_rec, dtype=np.uint64).astype(np.uint32)
+    idx = np.sort(rng.choice(n_rec, m, replace=False)).astype(np.int64)
+    slot = np.sort(rng.integers(0, 40, m)).astype(np.int64)
+    bid0 = 4000.0 + 0.25 * rng.integers(0, 400, m)
+    ask0 = bid0 + 0.25 * rng.integers(1, 4, m)
+    slot_day, slot_code = rng.normal(size=40), rng.normal(size=40)
+    for last_slot, n_breaks in ((-1, 0), (int(slot[0]), 17), (int(slot[0]) + 1, 5)):
+        change = np.empty(m, np.int64)
+        change[0] = slot[0] != last_slot
+        np.not_equal(slot[1:], slot[:-1], out=change[1:])
+        want_prices = np.empty((m, 3))
+        np.add(bid0, ask0, out=want_prices[:, 0])
+        want_prices[:, 0] /= 2.0
+        np.take(slot_day, slot, out=want_prices[:, 1])
+        np.take(slot_code, slot, out=want_prices[:, 2])
+        got = (
+            np.empty(m, np.uint8),
+            np.empty(m, np.int8),
+            np.empty(m),
+            np.empty(m, np.int64),
+            np.empty((m, 3)),
+        )
+        sr._chunk_rows_nb(
+            idx, slot, action, side, size, bid0, ask0, slot_day, slot_code, last_slot, n_breaks, *got
+        )
+        want = (
+            action[idx],
+            sr._SIDE_SIGN[side[idx]],
+            size[idx].astype(np.float64),
+            n_breaks + np.cumsum(change),
+        )
+        for g, w in zip(got, (*want, want_prices), strict=True):
+            assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
