@@ -15,7 +15,7 @@ measurement in a fresh process so that its peak memory is its own:
   ``NUMBA_CACHE_DIR`` set to an empty directory, then again in a second process (cache warm).
 
 Usage: ``python -m benchmarks.bench_features`` (all) or ``... SUBCOMMAND ARGS`` (one
-measurement, JSON on stdout); the 7 warm stages: ``--quick`` (3 rounds), ``--baseline=DIR``
+measurement, JSON on stdout); the 7 warm stages: ``--quick`` (3 rounds), ``--rounds=N``, ``--baseline=DIR``
 (another commit's export, alternating), ``--name=NAME`` (benchmarks/results/NAME.json).
 """
 
@@ -1057,7 +1057,8 @@ def main(argv: list[str]) -> None:
         else:
             base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
             name = next((a.split("=", 1)[1] for a in argv if a.startswith("--name=")), "bench_features")
-            out = run(quick="--quick" in argv, baseline=Path(base) if base else None, name=name)
+            n = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rounds=")), None)
+            out = run(quick="--quick" in argv, rounds=n, baseline=Path(base) if base else None, name=name)
         for t in out["targets"]:
             print(
                 f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
