@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -44,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    DATA,
     MemorySampler,
     _status_kib,
     ensure_market,
@@ -56,7 +54,6 @@ from benchmarks.common import (
 
 QUARTER = "2024-Q3"
 PARTITION = "2024-07|ES.FUT"
-SYMBOL = "ES.FUT"
 REFERENCE = ("scaleout_scale1", market_config([QUARTER], scale=1.0, book_ratio=0.1))
 SNAPSHOT_CONFIG = {"pipeline": {"config": {"fxcache": {"row_unit": "snapshot"}}}}
 TARGET_UPDATES_PER_S = 10e6  # issue 11, per core
@@ -162,44 +159,17 @@ def child() -> dict[str, Any]:
         "fxcache_columns": {"feature": int(head.n_feature), "price": int(head.n_price)},
         "fxcache_bytes": Path(fxcache_path).stat().st_size,
         "peak_anon_mib": round(mem.peak_anon_mib, 1),
-        "peak_rss_mib": round(_vm_hwm_mib(), 1),
+        "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
     }
-
-
-def _vm_hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _view(src: Path, name: str) -> Path:
-    """A data root of its own holding ``src``'s raw files of QUARTER (symlinks; derived files
-    are this root's, so the run decodes from scratch and nothing of ``src`` is written)."""
-    root = DATA / name
-    shutil.rmtree(root, ignore_errors=True)
-    for f in sorted((src / "raw").glob(f"*/*/*_{QUARTER}.dbn.zst")):
-        dest = root / f.relative_to(src)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.symlink_to(f.resolve())
-    return root
 
 
 def run_case(name: str, root: Path, market: Path) -> dict[str, Any]:
     """One case's child run on ``root``; ``market`` is the generated market the raw files come
     from (its manifest counts the records)."""
-    from benchmarks.bench_dagster_path import fresh_home
+    from benchmarks.bench_dagster_path import fresh_home, fx_env
 
     home = fresh_home(f"snapq_home_{name}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FX_", "DAGSTER_"))}
-    env.update(
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-        DAGSTER_HOME=str(home),
-        FX_DATA_ROOT=str(root),
-        FX_SYMBOLS=SYMBOL,
-        FX_FIRST_QUARTER=QUARTER,
-        FX_LAST_QUARTER=QUARTER,
-    )
+    env = fx_env(root, home, QUARTER, QUARTER)
     shutil.rmtree(root / "derived", ignore_errors=True)
     print(f"[snapq] {name}: build_features (snapshot rows) on {root}", file=sys.stderr, flush=True)
     proc = subprocess.run(
@@ -229,6 +199,8 @@ def run_case(name: str, root: Path, market: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.bench_scaling import quarter_view
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["child"]:
         print(json.dumps(child()))
@@ -243,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     heavy = ensure_market(f"es_s1_book{args.book_ratio:g}_q3", heavy_cfg)
     # Not timed: compiles and caches the numba kernels (the snapshot kernels' first run in a
     # checkout compiles for ~10 s, and compiling also raises the peak memory of that process).
-    run_case("numba_warmup", _view(ref_src, "snapq_reference"), ref_src)
+    run_case("numba_warmup", quarter_view(ref_src, QUARTER), ref_src)
     cases = {
-        "reference": run_case("reference", _view(ref_src, "snapq_reference"), ref_src),
-        "heavy": run_case("heavy", _view(heavy, "snapq_heavy"), heavy),
+        "reference": run_case("reference", quarter_view(ref_src, QUARTER), ref_src),
+        "heavy": run_case("heavy", quarter_view(heavy, QUARTER), heavy),
     }
     ref, hv = cases["reference"], cases["heavy"]
     mem_ratio = hv["peak_anon_mib"] / ref["peak_anon_mib"]
