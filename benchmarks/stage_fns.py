@@ -82,6 +82,7 @@ def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[st
     from fx_assets.core.calendar import parse_quarter, previous_quarter, quarter_label
     from fx_assets.core.fxcache import write_fxcache
     from fx_assets.core.ofi_warmup import ofi_warmup_start
+    from fx_assets.core.page_release import release_free_heap
     from fx_assets.core.paths import DataLayout
     from fx_assets.core.roll import roll_calendar_from_sidecars
     from fx_assets.core.sidecar import ensure_sidecar
@@ -106,6 +107,7 @@ def run_quarters(root: Path, out_dir: Path, quarters: list[str]) -> list[dict[st
 
     results = []
     for label in quarters:
+        release_free_heap()  # as a run's first step does (assets.common.step_partition)
         q = parse_quarter(label)
         pq = previous_quarter(q)
         have_prev = out("bars", pq).is_file()

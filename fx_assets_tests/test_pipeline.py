@@ -158,7 +158,12 @@ def test_missing_raw_file_names_partition_and_path(market: Path) -> None:
         assert "2024-Q2|ES.FUT" in text and "ES.FUT_2024-Q2.dbn.zst" in text
 
 
-def test_features_then_one_training_run(market: Path) -> None:
+def test_features_then_one_training_run(market: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fx_assets.assets.common as asset_common
+
+    released: list[bool] = []
+    real = asset_common.release_free_heap
+    monkeypatch.setattr(asset_common, "release_free_heap", lambda: released.append(real()))
     defs = defs_for(market, last=Q3, train_quarters=1)
     with dg.instance_for_test() as inst:
         for q in (Q1, Q2, Q3):
@@ -167,6 +172,8 @@ def test_features_then_one_training_run(market: Path) -> None:
             bars = meta(r, "bars")
             assert bars["volume_conserved"] is True and bars["bars"] > 500
             assert meta(r, "fxcache")["bars"] > 0
+        # Each run's first step handed back the free heap earlier runs left (one process).
+        assert len(released) == 3
         assert meta(r, "bar_features")["warmup_bars"] > 0  # Q3 warmed up from Q2
         assert meta(r, "ofi_features")["warmed_up_from_previous_quarter"] is True
         # Cache hit: the same partition again reuses every keyed file.

@@ -29,6 +29,7 @@ from fx_assets.core.checksum import hash_buffers
 from fx_assets.core.codeversion import package_fingerprint
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.locks import build_lock
+from fx_assets.core.page_release import release_free_heap
 from fx_assets.core.sidecar import DEFAULT_CHUNK_BYTES, SidecarInfo, ensure_sidecar
 from fx_assets.core.verified import table_identity, verify_once
 from fx_assets.partitions import QuarterSymbol, context_partition
@@ -46,6 +47,20 @@ STAGE_SUFFIX = {
 
 #: build locks this process holds, by output path (flock conflicts even within one process)
 _HELD: dict[Path, contextlib.ExitStack] = {}
+
+#: the run whose first partition step released the free heap in this process
+_HEAP_RUN: list[str] = [""]
+
+
+def step_partition(context: dg.AssetExecutionContext) -> QuarterSymbol:
+    """The step's partition. The first such step of each run in this process first hands back the
+    free heap that earlier runs left (:func:`fx_assets.core.page_release.release_free_heap`):
+    several partitions run in one process (an ``execute_in_process`` loop) then each peak as one
+    alone. Once per run, before its work, so no step pays for faulting freed pages back in."""
+    if context.run_id != _HEAP_RUN[0]:
+        _HEAP_RUN[0] = context.run_id
+        release_free_heap()
+    return context_partition(context)
 
 
 class StageIO:
@@ -329,7 +344,7 @@ def start_stage(
     context: dg.AssetExecutionContext, storage: FxStorage, pipeline: PipelineConfig, stage: str
 ) -> tuple[QuarterSymbol, StageIO, dg.MaterializeResult | None]:
     """The partition, its stage paths, and the materialization of a cache hit (None: build it)."""
-    part = context_partition(context)
+    part = step_partition(context)
     io = StageIO(storage, pipeline, part)
     io.lock(stage)  # a concurrent run of the same stage file waits here, then reuses it
     hit = cached_result(io, stage)

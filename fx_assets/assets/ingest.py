@@ -15,14 +15,14 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from fx_assets.assets.common import keyed_result, require_sidecar, start_stage
+from fx_assets.assets.common import keyed_result, require_sidecar, start_stage, step_partition
 from fx_assets.automation import CHAIN
 from fx_assets.core import lineage
 from fx_assets.core import roll as roll_core
 from fx_assets.core import sidecar as sidecar_core
 from fx_assets.core.calendar import previous_quarter, quarter_label, session_label
 from fx_assets.core.tables import write_table
-from fx_assets.partitions import context_partition, previous_quarter_mapping
+from fx_assets.partitions import previous_quarter_mapping
 from fx_assets.resources.pipeline import PipelineConfig
 from fx_assets.resources.storage import FxStorage
 
@@ -57,7 +57,7 @@ def _make_predecoded_asset(name: str, schema: str, raw_asset, partitions_def) ->
     def _asset(
         context: dg.AssetExecutionContext, config: DecodeConfig, storage: FxStorage
     ) -> dg.MaterializeResult:
-        part = context_partition(context)
+        part = step_partition(context)
         t0 = time.perf_counter()
         info = require_sidecar(
             storage, schema, part, rebuild=config.rebuild, chunk_bytes=config.chunk_mib << 20

@@ -1,7 +1,9 @@
-"""Releasing the pages of memory-mapped sidecar columns a forward scan is done with (no Dagster).
+"""Giving memory a process is done with back to the OS (no Dagster).
 
-:class:`PageReleaser` keeps a scan's resident set bounded by its chunk: the pages stay in the
-page cache but leave the process (``MADV_DONTNEED`` on file-backed mappings only).
+:class:`PageReleaser` keeps a scan's resident set bounded by its chunk: the pages of
+memory-mapped sidecar columns a forward scan is done with stay in the page cache but leave the
+process (``MADV_DONTNEED`` on file-backed mappings only). :func:`release_free_heap` hands back
+the free memory of the C heap and of Arrow's pool that earlier work in the process left.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import mmap
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
 _MADV_DONTNEED = 4
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
 
 
 def _file_backed_ranges() -> list[tuple[int, int]]:
@@ -64,3 +68,23 @@ class PageReleaser:
             if stop > start:
                 _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), _MADV_DONTNEED)
         self.done = row
+
+
+def release_free_heap() -> bool:
+    """Return the free memory of the C heap (glibc ``malloc_trim(0)``) and of Arrow's default
+    pool to the OS; ``False`` where the C library has no ``malloc_trim``.
+
+    Why: glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB),
+    so once a quarter's arrays are freed, the next quarter's arrays of that size come from the
+    heap, and freed heap memory below live blocks stays resident. A process that runs several
+    partitions in turn (an ``execute_in_process`` loop, the scaling benchmark) then starts each
+    one holding ~250 MiB the previous no longer uses, and peaks that much higher. Call it before
+    a run's work (``assets.common.step_partition``), not between its stages: each stage would
+    fault the pages back in (a fixed low threshold instead costs every large allocation those
+    faults; the benchmarks' README has the figures). Costs milliseconds.
+    """
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is None:
+        return False
+    _MALLOC_TRIM(ctypes.c_size_t(0))
+    return True
