@@ -14,13 +14,15 @@ measurement in a fresh process so that its peak memory is its own:
 - ``compile``: numba compile time: the pipeline on a tiny market in a fresh process with
   ``NUMBA_CACHE_DIR`` set to an empty directory, then again in a second process (cache warm).
 
-Usage: ``python -m benchmarks.bench_features`` (all) or ``... SUBCOMMAND ARGS`` (one
-measurement, JSON on stdout); the 7 warm stages: ``--quick`` (3 rounds), ``--rounds=N``, ``--baseline=DIR``
-(another commit's export, alternating), ``--name=NAME`` (benchmarks/results/NAME.json).
+Usage (``--help`` lists the options): ``python -m benchmarks.bench_features`` runs the 7 warm
+stages (``--quick``: 3 rounds, ``--rounds N``, ``--baseline DIR``: another commit's export,
+alternating, ``--name NAME``: benchmarks/results/NAME.json); ``--scaling`` the pipeline runs;
+``... SUBCOMMAND ARGS`` one child measurement (JSON on stdout).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -1050,30 +1052,53 @@ def run(
     return payload
 
 
+#: child measurements, each run in a fresh process by the parent (JSON on stdout)
+CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
+    "prepare": _prepare,
+    "pipeline": _pipeline,
+    "ofi_heavy": _ofi_heavy,
+    "bars_core": _bars_core,
+    "diagnose": _diagnose,
+    "stages": _asset_stages,
+}
+
+
 def main(argv: list[str]) -> None:
-    if not argv or argv[0].startswith("--"):
-        if argv and argv[0] == "--scaling":
-            out = run_scaling()
-        else:
-            base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
-            name = next((a.split("=", 1)[1] for a in argv if a.startswith("--name=")), "bench_features")
-            n = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rounds=")), None)
-            out = run(quick="--quick" in argv, rounds=n, baseline=Path(base) if base else None, name=name)
-        for t in out["targets"]:
-            print(
-                f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
-            )
+    if argv and argv[0] in CHILDREN:
+        cmd, *args = argv
+        print(json.dumps(CHILDREN[cmd](*args)))
         return
-    cmd, *args = argv
-    fn: dict[str, Callable[..., dict[str, Any]]] = {
-        "prepare": _prepare,
-        "pipeline": _pipeline,
-        "ofi_heavy": _ofi_heavy,
-        "bars_core": _bars_core,
-        "diagnose": _diagnose,
-        "stages": _asset_stages,
-    }
-    print(json.dumps(fn[cmd](*args)))
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_features",
+        description="The 7 warm feature stages of a --scale 1 quarter through the assets' calls "
+        "(benchmarks/results/NAME.json); the child measurements are subcommands: " + ", ".join(CHILDREN),
+    )
+    ap.add_argument("--quick", action="store_true", help="3 rounds instead of 5")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="rounds (each a fresh process); overrides --quick"
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="an export of another commit (git archive COMMIT | tar -x -C DIR): its stages in the same "
+        "rounds, alternating, outputs compared bit for bit",
+    )
+    ap.add_argument(
+        "--name", default="bench_features", help="result file name (benchmarks/results/NAME.json)"
+    )
+    ap.add_argument("--scaling", action="store_true", help="the 1 / 3 / 9-quarter pipeline runs instead")
+    args = ap.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    if args.scaling:
+        out = run_scaling()
+    else:
+        out = run(quick=args.quick, rounds=args.rounds, baseline=args.baseline, name=args.name)
+    for t in out["targets"]:
+        print(
+            f"{'PASS' if t['pass'] else 'SKIP' if t['pass'] is None else 'FAIL'}  {t['name']}: {t['value']}"
+        )
 
 
 if __name__ == "__main__":
