@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import databento
 import numpy as np
@@ -710,3 +711,111 @@ def test_grouped_split_writes_the_same_file(
     for name in ("rtype", "publisher_id", "action", "side", "flags", "depth"):
         np.testing.assert_array_equal(cols[name], big[name], name)
     sidecar.verify_sidecar(fast.path, p)
+
+
+@pytest.mark.parametrize("schema", ["trades", "tbbo", "mbp-1", "mbp-10"])
+@pytest.mark.parametrize("ts_out", [False, True])
+def test_fused_record_check_plan_splits_the_length_byte_beside_rtype(schema: str, ts_out: bool) -> None:
+    """With a record check the plan takes the record's length byte (offset 0) in rtype's group,
+    once, as a row that is not a column; the columns are taken as without the check, and no
+    copy is added."""
+    cols = sidecar._columns(dbn.SCHEMAS[schema])
+    dtype = dbn.SCHEMAS[schema].dtype(ts_out)
+    with sidecar._Columns(cols, 1 << 20, lambda out: ([], None)) as out:
+        plain = out._plan(dtype)
+    with sidecar._Columns(cols, 1 << 20, lambda out: ([], None), lambda a, i: None, 0) as out:
+        fused = out._plan(dtype)
+    assert plain and fused and len(fused) == len(plain)
+    length = [(g, row) for g in fused for row in g.columns if sidecar._LENGTH in row]
+    assert len(length) == 1
+    g, row = length[0]
+    assert (g.offset, g.width, row) == (0, 1, (sidecar._LENGTH, cols.index(("rtype", pa.uint8()))))
+    strip = sorted(tuple(c for c in row if c != sidecar._LENGTH) for g in fused for row in g.columns)
+    assert strip == sorted(row for g in plain for row in g.columns)
+
+
+def _check_outcome(check: Any, records: np.ndarray, first: int) -> str:
+    try:
+        check(records, first)
+    except FxDataError as exc:
+        return str(exc)
+    return "ok"
+
+
+@pytest.mark.parametrize("src", [TRADES_V1, MBP1_BIG, FIX / "dbn" / "test_data.mbp-10.v3.dbn.zst"])
+def test_fused_record_check_equals_check_records(src: Path, tmp_path: Path) -> None:
+    """_Columns' fused check (contiguous compares of the split length and rtype rows) passes and
+    fails exactly where dbn.check_records on the whole file does, with its message (the record's
+    index and decompressed offset), for a bad length or rtype anywhere: the first record, the
+    last, across chunk and staging-set borders, in contiguous and in strided chunks (those are
+    checked by dbn.check_records itself). No row of the failing chunk reaches the writer."""
+    header = dbn.read_header(src)
+    records = tiled(src, 5_003)
+    cols = sidecar._columns(dbn.SCHEMAS[header.schema])
+    cuts = [0, 1, 700, 1_023, 1_024, 1_500, 3_000, 4_100, len(records)]
+    rng = np.random.default_rng(7)
+    where = [0, 1, 699, 700, 1_023, 1_024, 2_047, 2_048, 4_099, len(records) - 1]
+    where += rng.integers(0, len(records), 6).tolist()
+    cases: list[tuple[str, int, int]] = [("clean", 0, 0)]
+    cases += [("length", i, v) for i, v in zip(where, itertools.cycle([0, 1, 2, 255]), strict=False)]
+    cases += [("rtype", i, v) for i, v in zip(where, itertools.cycle([0x0A, 0, 0xFF]), strict=False)]
+    check, rtype = sidecar._record_check(src, header)
+    fused_seen = False
+    for field, at, value in cases:
+        bad = records.copy()
+        if field != "clean":
+            if bad[field][at] == value:
+                value += 1
+            bad[field][at] = value
+        want = _check_outcome(check, bad, 0)
+        assert (want == "ok") is (field == "clean")
+        for strided in (False, True):
+            src_recs = bad
+            if strided:  # the same records, not contiguous
+                wide = np.zeros(2 * len(bad), bad.dtype)
+                wide[::2] = bad
+                src_recs = wide[::2]
+            spill = sidecar._Spill(len(cols), tmp_path)
+            try:
+                with sidecar._Columns(cols, 1, spill, check, rtype) as out:  # 1024-row staging sets
+                    got = "ok"
+                    try:
+                        for a, b in itertools.pairwise(cuts):
+                            out.add(src_recs[a:b], b)
+                        out.finish()
+                    except FxDataError as exc:
+                        got = str(exc)
+                        assert out.rows <= at, "rows of a failing chunk were handed to the writer"
+                    fused_seen |= bool(out.lengths) and not strided
+            finally:
+                spill.close()
+            assert got == want, (field, at, value, strided)
+    assert fused_seen
+
+
+@pytest.mark.parametrize("zstd", [True, False])
+def test_fused_record_check_writes_the_same_file(
+    zstd: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build whose records are checked in the split writes the file byte for byte equal to one
+    checked by dbn.check_records on every chunk (the split without the length row)."""
+    src = FIX / "dbn" / "test_data.mbp-10.v3.dbn.zst"
+    big = tiled(src, 9_001)
+    p = write_dbn(
+        tmp_path / f"big.dbn{'.zst' if zstd else ''}", dbn.read_header(src).header_bytes, big, zstd=zstd
+    )
+    fused = sidecar.build_sidecar(p, tmp_path / "fused" / "x.arrow", chunk_bytes=8192 + 5)
+    calls = []
+
+    def no_fusion(source: Path, header: dbn.DbnHeader) -> tuple[Any, int]:
+        def check(records: np.ndarray, first: int) -> None:
+            calls.append(len(records))
+            dbn.check_records(source, records, first, header)
+
+        return check, header.spec().rtype
+
+    monkeypatch.setattr(sidecar, "_FUSED_CHECK", False)
+    monkeypatch.setattr(sidecar, "_record_check", no_fusion)
+    ref = sidecar.build_sidecar(p, tmp_path / "ref" / "x.arrow", chunk_bytes=8192 + 5)
+    assert sum(calls) == len(big)
+    assert fused.path.read_bytes() == ref.path.read_bytes()
