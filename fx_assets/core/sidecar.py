@@ -18,10 +18,9 @@ How a sidecar is built — each column written once, straight into its place in 
 memory bounded by the chunk size, not the file size:
 
 1. A decompression thread streams record chunks (``dbn.iter_record_chunks``; zstd releases
-   the GIL) into a small queue; the calling thread splits them into columns in staging arrays
-   (one strided copy per grid of like fields, ``_Columns._plan``; the records' length byte is
-   split beside rtype and both are checked there, before any row is written) and a writer
-   thread ``pwrite``s full staging sets, so up to three things overlap.
+   the GIL) into a small queue; the calling thread checks the records and splits them into
+   columns in staging arrays (one strided copy per grid of like fields, ``_Columns._plan``)
+   and a writer thread ``pwrite``s full staging sets, so up to three things overlap.
 2. At the first write-out N is estimated (uncompressed source: exact from its size; zstd: the
    records per compressed byte so far times the file size, times ``_ESTIMATE_SLACK``) and each
    column gets a page-aligned region with room for that many rows in the sidecar temp file,
@@ -470,7 +469,6 @@ def _direct_image(
 
 _STAGE_CHUNKS = 8  # staging arrays hold this many chunks' worth of records
 _FAST_SPLIT = True  # _Columns._plan; False: one strided copy per field (the reference, tests)
-_FUSED_CHECK = True  # _Columns._plan; False: dbn.check_records on every chunk (the reference, tests)
 _REGION_ALIGN = 4096  # column regions start on page boundaries (mmap views stay aligned)
 # Capacity of the direct layout: the records decoded per compressed byte so far times the
 # compressed size, times this slack (+ _ESTIMATE_EXTRA rows). A file whose later part packs
@@ -494,12 +492,6 @@ class _Group:
     outer: int
 
 
-# ``_Group.columns`` entry for the record's ``length`` byte: split with ``rtype`` (the byte after
-# it) into a staging row that is checked, never written (see _Columns._plan)
-_LENGTH = -1
-RecordCheck = Callable[[np.ndarray, int], None]
-
-
 class _Columns:
     """Splits record chunks into columns and writes each column to its own place: (fd, offset).
 
@@ -510,12 +502,6 @@ class _Columns:
     the other. Where the columns go is decided at the first write-out by ``place(self)`` —
     after a few chunks, so that it can estimate N — which returns one (fd, offset) per column
     and the row capacity (None: unbounded). Use as a context manager (stops the writer).
-
-    With ``check`` (``dbn.check_records`` for the file: records, index of the first) and the
-    schema's ``rtype``, every record is checked before any of its rows is handed to the writer.
-    Where the plan splits the ``length`` byte beside ``rtype`` (the fused check), the check is
-    two compares of contiguous staging rows, and ``check`` is called only on a chunk that fails
-    them (it raises the error naming the record); otherwise ``check`` runs on every chunk.
     """
 
     def __init__(
@@ -523,14 +509,8 @@ class _Columns:
         cols: list[tuple[str, pa.DataType]],
         stage_bytes: int,
         place: Callable[[_Columns], tuple[list[tuple[int, int]], int | None]],
-        check: RecordCheck | None = None,
-        rtype: int = 0,
     ) -> None:
-        self.check = check
-        self.rtype = rtype
-        self.lengths: list[np.ndarray] = []  # per staging set: the length row (fused check only)
         self.names = [name for name, _ in cols]
-        self.rtype_col = self.names.index("rtype") if "rtype" in self.names else -1
         self.dtypes = [np.dtype(t.to_pandas_dtype()) for _, t in cols]
         self.capacity = max(1024, stage_bytes // sum(d.itemsize for d in self.dtypes))
         # the staging sets are allocated by the first add (their layout follows the records')
@@ -571,11 +551,6 @@ class _Columns:
         10 copies per chunk instead of 73: at ~1,300 records per chunk numpy's per-call cost,
         not the copying, was most of the split. Each column is a raw copy of its bytes, so the
         field's dtype must equal the column's. None where that fails (then one copy per field).
-
-        With a record ``check``, the ``length`` byte (offset 0) joins ``rtype``'s run (offset 1)
-        as ``_LENGTH``: the copy that reads ``rtype`` reads it too, and the record check becomes
-        two contiguous compares instead of its own strided pass over the chunk (~0.09 s per GB
-        of trades records).
         """
         n_base = len(_BASE_COLUMNS)
         n_level = len(_LEVEL_COLUMNS)
@@ -619,14 +594,6 @@ class _Columns:
                     if sub != self.dtypes[col] or off != offset + r * outer + c * width:
                         return None
             plan.append(_Group(tuple(tuple(row) for row in grid), width, offset, outer))
-        if _FUSED_CHECK and self.check is not None and "length" in fields and "rtype" in fields:
-            lsub, loff = fields["length"][:2]
-            rsub, roff = fields["rtype"][:2]
-            if lsub == np.uint8 and rsub == np.uint8 and roff == loff + 1:
-                for j, g in enumerate(plan):
-                    if len(g.columns) == 1 and g.width == 1 and g.offset == roff:
-                        plan[j] = _Group(((_LENGTH, *g.columns[0]),), 1, loff, 0)
-                        break
         return plan
 
     def _allocate(self, dtype: np.dtype[Any]) -> None:
@@ -643,10 +610,7 @@ class _Columns:
                 block = np.empty((len(g.columns), len(g.columns[0]), self.capacity), np.dtype(f"u{g.width}"))
                 for r, row in enumerate(g.columns):
                     for c, col in enumerate(row):
-                        if col == _LENGTH:
-                            self.lengths.append(block[r, c])
-                        else:
-                            stage[col] = block[r, c].view(self.dtypes[col])
+                        stage[col] = block[r, c].view(self.dtypes[col])
                 blocks.append(block)
             self.sets.append(stage)
             self.blocks.append(blocks)
@@ -656,21 +620,16 @@ class _Columns:
         if done != self.done:
             self.sample = (self.n_in, self.done)
             self.done = done
-        first = self.n_in  # the file's index of records[0]
         self.n_in += len(records)
         if not self.sets:
             self._allocate(records.dtype)
         plan = self.plan
         rs = records.dtype.itemsize
-        fused = bool(self.lengths) and self.check is not None
-        want_len = rs // 4  # dbn.check_records' rule: the length byte counts 4-byte words
         pos = 0
         while pos < len(records):
             k = min(self.capacity - self.fill, len(records) - pos)
             part = records[pos : pos + k]
             lo, hi = self.fill, self.fill + k
-            if self.check is not None and not (fused and part.flags.c_contiguous):
-                self.check(part, first + pos)  # before any of its rows is staged
             if plan and part.flags.c_contiguous:
                 for g, block in zip(plan, self.blocks[self.current], strict=True):
                     rows, cols = block.shape[:2]
@@ -679,15 +638,6 @@ class _Columns:
                         (k, rows, cols), block.dtype, part, g.offset, (rs, g.outer, g.width)
                     ).transpose(1, 2, 0)
                     np.copyto(block[:, :, lo:hi], src, casting="no")
-                if fused and (
-                    (self.lengths[self.current][lo:hi] != want_len).any()
-                    or (self.stage[self.rtype_col][lo:hi] != self.rtype).any()
-                ):
-                    assert self.check is not None
-                    self.check(part, first + pos)  # raises, naming the record
-                    raise FxCacheError(
-                        "the fused record check rejected records that dbn.check_records passes"
-                    )
             else:
                 for name, buf in zip(self.names, self.stage, strict=True):
                     np.copyto(buf[lo:hi], part[name], casting="no")
@@ -828,12 +778,9 @@ def _decode_columns(
     """Decode ``source`` column by column into ``out``; return N and a few sampled records.
 
     A decompression thread feeds a small queue (zstd releases the GIL); this thread checks the
-    records (length and rtype, by ``out.check``; off the decompression thread, which is the
-    longer of the two on two cores) and splits the chunks into columns and writes them, so two
-    cores work at once.
+    records (length and rtype; off the decompression thread, which is the longer of the two on
+    two cores) and splits the chunks into columns and writes them, so two cores work at once.
     """
-    if out.check is None:  # iter_record_chunks(validate=False): out must check every record
-        raise FxCacheError("_decode_columns needs a _Columns with a record check")
     q: queue.Queue[Any] = queue.Queue(maxsize=8)
     stop = threading.Event()
 
@@ -868,8 +815,9 @@ def _decode_columns(
                 break
             if isinstance(item, BaseException):
                 raise item
-            _header, arr, done = item
-            out.add(arr, done)  # checks the records (out.check) before writing any
+            header, arr, done = item
+            dbn.check_records(source, arr, n, header)
+            out.add(arr, done)
             if len(arr):
                 # the first record of chunks 0, 1, 2, 4, 8, ... and of the last chunk
                 if k & (k - 1) == 0 and len(samples) < _MAX_SAMPLES:
@@ -1000,16 +948,6 @@ def _write_empty(path: Path, cols: list[tuple[str, pa.DataType]], schema: pa.Sch
         w.write_batch(empty)
 
 
-def _record_check(source: Path, header: dbn.DbnHeader) -> tuple[RecordCheck, int]:
-    """``_Columns``' record check for ``source``: dbn.check_records (which raises the error
-    naming the record) and the schema's rtype."""
-
-    def check(records: np.ndarray, first_index: int) -> None:
-        dbn.check_records(source, records, first_index, header)
-
-    return check, header.spec().rtype
-
-
 def _build_direct(
     source: Path,
     dest: Path,
@@ -1033,12 +971,7 @@ def _build_direct(
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             layout = _Layout(fd, cols, header, st0.st_size, reserve)
-            with _Columns(
-                cols,
-                _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES),
-                layout,
-                *_record_check(source, header),
-            ) as out:
+            with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), layout) as out:
                 decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
             digest = digest_of(hasher)
             _check_source(source, st0)
@@ -1080,9 +1013,7 @@ def _build_spilled(
     spill = _Spill(len(cols), dest.parent)
     hasher = new_hasher()
     try:
-        with _Columns(
-            cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), spill, *_record_check(source, header)
-        ) as out:
+        with _Columns(cols, _STAGE_CHUNKS * min(chunk_bytes, DEFAULT_CHUNK_BYTES), spill) as out:
             decoded = _decode_columns(source, out, chunk_bytes, progress, st0.st_size, hasher)
         digest = digest_of(hasher)
         _check_source(source, st0)
