@@ -929,9 +929,10 @@ def run(
     runs: list[dict[str, Any]] = []
     base_runs: list[dict[str, Any]] = []
     for r in range(n_rounds):
-        # The two checkouts' order is swapped every round (A B, B A, ...): with A always first,
-        # identical code measured ~4 % more CPU (ofi_features, untouched) on the first side at
-        # load ~3 (bench_features_stages5*.json): the order, not the code, would be measured.
+        # The two checkouts' order is swapped every round (A B, B A, ...), so that an order
+        # effect (the side that runs right after the other's writes) falls on both. It is not
+        # the only bias: at load 3-5, identical code differed by ~4 % CPU between the sides
+        # with the swap too (bench_features_stages5_aa.json).
         for co in checkouts if r % 2 == 0 else checkouts[::-1]:
             root = roots[co]
             _clear_outputs(root, STAGES_QUARTER)
