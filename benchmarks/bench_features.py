@@ -905,8 +905,8 @@ def run(
     (``_asset_stages``), each round in a fresh process; writes
     benchmarks/results/bench_features.json. ``quick``: 3 rounds, else 5. ``baseline``: an
     export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, this module copied
-    into it): its stages run in the same rounds, alternating A B A B, and its outputs must
-    equal this checkout's bit for bit. ``name``: the result file's name (``--name=NAME``:
+    into it): its stages run in the same rounds, A B then B A (the order swapped every round),
+    and its outputs must equal this checkout's bit for bit. ``name``: the result file's name (``--name=NAME``:
     benchmarks/results/NAME.json)."""
     n_rounds = rounds or (3 if quick else 5)
     load_before = load_average()
@@ -931,7 +931,11 @@ def run(
     runs: list[dict[str, Any]] = []
     base_runs: list[dict[str, Any]] = []
     for r in range(n_rounds):
-        for co in checkouts:
+        # The two checkouts' order is swapped every round (A B, B A, ...), so that an order
+        # effect (the side that runs right after the other's writes) falls on both. It is not
+        # the only bias: at load 3-5, identical code differed by ~4 % CPU between the sides
+        # with the swap too (bench_features_stages5_aa.json).
+        for co in checkouts if r % 2 == 0 else checkouts[::-1]:
             root = roots[co]
             _clear_outputs(root, STAGES_QUARTER)
             _log(
@@ -979,7 +983,7 @@ def run(
             "cpu_median_s": ab["cpu_s"]["ofi_features"]["median"],
             "commit": ab["commit"] or "?",
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "how": "the baseline commit's stages in the same run, rounds alternating A B A B",
+            "how": "the baseline commit's stages in the same run, rounds alternating A B, B A",
         }
     targets = [
         target(

@@ -1902,29 +1902,65 @@ def compute_bar_features(
     )
 
 
+_VALIDATE_BLOCK = 1024  # values screened per block by _first_invalid_nb
+
+
+@njit(cache=True, nogil=True)
+def _first_invalid_nb(v, n_prior, warmup, check_bounds, lo, hi):
+    """(first bar ``j`` whose value is infinite, or NaN at history row ``n_prior + j >= warmup``,
+    else -1; first bar whose finite value is outside ``[lo, hi]`` when ``check_bounds``, else
+    -1, and -1 whenever the first is found): what :func:`validate_features` tests, without its
+    five column-sized temporaries per feature. Blocks of ``_VALIDATE_BLOCK`` values are first
+    screened branch-free (a loop the compiler vectorises); only a block that holds a NaN, an
+    inf or (while none was found) a value outside the bounds is walked value by value."""
+    out = -1
+    n = v.shape[0]
+    for b0 in range(0, n, _VALIDATE_BLOCK):
+        b1 = min(n, b0 + _VALIDATE_BLOCK)
+        odd = False
+        outside = False
+        for j in range(b0, b1):
+            x = v[j]
+            odd |= x - x != 0  # NaN or inf
+            outside |= (x < lo) | (x > hi)  # False for NaN
+        if not (odd or (outside and check_bounds and out < 0)):
+            continue
+        for j in range(b0, b1):
+            x = v[j]
+            if x - x != 0:
+                if not (x != x and n_prior + j < warmup):
+                    return j, -1
+            elif out < 0 and check_bounds and (x < lo or x > hi):
+                out = j
+    return -1, out
+
+
 def validate_features(table: FeatureTable, partition: str) -> None:
     """Raise FxDataError (naming partition, feature and bar) on a NaN/Inf outside a feature's
     warm-up or a value outside its documented bounds."""
-    rows = np.arange(len(table)) + table.n_prior
     for spec in build_registry(table.config):
         v = table.columns.get(spec.name)
         if v is None:
             raise FxDataError(f"{partition}: feature {spec.name!r} missing")
         if v.shape != (len(table),):
             raise FxDataError(f"{partition}: feature {spec.name!r} has shape {v.shape}")
-        finite = np.isfinite(v)
-        bad = np.flatnonzero(~finite & ~(np.isnan(v) & (rows < spec.warmup)))
-        if bad.size:
-            j = int(bad[0])
+        lo, hi = spec.bounds if spec.bounds is not None else (0.0, 0.0)
+        bad, out = _first_invalid_nb(
+            np.ascontiguousarray(v, dtype=np.float64),
+            int(table.n_prior),
+            int(spec.warmup),
+            spec.bounds is not None,
+            float(lo),
+            float(hi),
+        )
+        if bad >= 0:
+            j = int(bad)
             raise FxDataError(
                 f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r} outside its warm-up "
                 f"({spec.warmup} bars; {table.n_prior} warm-up bars preceded)"
             )
-        if spec.bounds is not None:
-            lo, hi = spec.bounds
-            out = np.flatnonzero(finite & ((v < lo) | (v > hi)))
-            if out.size:
-                j = int(out[0])
-                raise FxDataError(
-                    f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r}, outside its bounds [{lo}, {hi}]"
-                )
+        if out >= 0:
+            j = int(out)
+            raise FxDataError(
+                f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r}, outside its bounds [{lo}, {hi}]"
+            )

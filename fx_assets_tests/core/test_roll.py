@@ -329,3 +329,23 @@ def test_session_volume_of_records_outside_the_first_and_last_records_years(
     got = sorted(zip(sess.tolist(), iid.tolist(), vol.tolist(), strict=True))
     want = sorted((day(ts[:10]), i, float(v)) for ts, i, v in rows)
     assert got == want
+
+
+def test_is_sorted_blocks_match_pairwise_check() -> None:
+    """``_is_sorted_nb`` (block-wise) and ``_is_sorted`` (threads) say what a pairwise NumPy check
+    says: sorted series with ties, and one decrease planted at and around the block edges, at
+    both ends, and between the threads' chunks."""
+    from fx_assets.core import roll
+
+    rng = np.random.default_rng(2)
+    block = roll._SORTED_BLOCK
+    for n in (0, 1, 2, block - 1, block, block + 1, 3 * block + 17, (1 << 21) + 5):
+        base = np.cumsum(rng.integers(0, 3, n)).astype(np.int64)  # ties included
+        assert roll._is_sorted_nb(base) and roll._is_sorted(base)
+        spots = {1, n - 1, n // 2, block - 1, block, block + 1, 2 * block, n // 2 + 1}
+        for i in sorted(j for j in spots if 0 < j < n):
+            ts = base.copy()
+            ts[i] = ts[i - 1] - 1  # one decrease, at pair (i - 1, i)
+            want = bool(np.all(ts[1:] >= ts[:-1]))
+            assert not want
+            assert roll._is_sorted_nb(ts) is want and roll._is_sorted(ts) is want, (n, i)
