@@ -452,6 +452,7 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     # fxcache_valid check's verifications (fxcache_identity: every byte against the checksums;
     # verify_once of verify_fxcache) where it has them (else verify_fxcache alone).
     read_back = "read_back" in inspect.signature(write_fxcache).parameters
+    write_alongside = "alongside" in inspect.signature(write_table).parameters
     try:
         from fx_assets.core.verified import fxcache_identity, verify_once
     except ImportError:
@@ -533,8 +534,15 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
         book = _book(io, q)
         trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
         feats = quarter_ofi(cur, trades, book, io.cfg.ofi, partition=part.label, **kw)
-        ofi_core.validate_ofi(feats, part.label)
-        write_table(io.path("ofi_features"), feats.to_arrow())
+        if write_alongside:  # the asset validates while it writes, where this checkout can
+            write_table(
+                io.path("ofi_features"),
+                feats.to_arrow(),
+                alongside=lambda: ofi_core.validate_ofi(feats, part.label),
+            )
+        else:
+            ofi_core.validate_ofi(feats, part.label)
+            write_table(io.path("ofi_features"), feats.to_arrow())
         return {"rows": len(feats), "warmed_up": bool(kw)}
 
     def fxcache() -> Any:
