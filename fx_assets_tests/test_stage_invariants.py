@@ -798,6 +798,7 @@ def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> 
         refs.append(reference_book(o.book.path, o.calendar))
     got = book_mod._book_rows(parts, levels, TICK_UNITS)
     assert same(got.ts, _cat([r.ts for r in refs]))
+    assert isinstance(got, ofi_core.UnsignedSizeBook)  # the sidecar's sizes and counts: unsigned
     for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
         m = getattr(got, name)
         assert m.shape == (got.ts.size, levels) and m.flags.c_contiguous and m.dtype == np.float64

@@ -517,6 +517,14 @@ class BookArrays:
 
 
 @dataclass(frozen=True)
+class UnsignedSizeBook(BookArrays):
+    """``BookArrays`` whose sizes and counts were converted from unsigned integers (as
+    ``book._book_rows`` gathers them from the sidecar): finite and ≥ 0 by construction, so
+    ``compute_ofi_features`` skips their per-level check (a read of all four matrices). The
+    ts order and everything else are checked as for any book."""
+
+
+@dataclass(frozen=True)
 class TradeArrays:
     """Trades of the active contract, ts_recv order: size ≥ 0 (contracts), sign ∈ {+1, −1, 0}.
     ``price`` is not read by the kernels (None: not loaded, see ``stages.TradeFlow``)."""
@@ -1187,10 +1195,10 @@ def book_state_row(
 
 
 @njit(cache=True, nogil=True)
-def _book_prep_nb(ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, levels, r0, r1, valid, bad):
+def _book_prep_nb(ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, levels, r0, r1, valid, bad, sizes):
     """One pass over snapshots [r0, r1) (one shard): validity flag of each snapshot, and the
-    first row (−1: none) that is out of ts order (bad[0]) or has a present price with a NaN or
-    negative bid_sz, bid_ct, ask_sz, ask_ct (bad[1..4])."""
+    first row (−1: none) that is out of ts order (bad[0]) or, with ``sizes``, has a present
+    price with a NaN or negative bid_sz, bid_ct, ask_sz, ask_ct (bad[1..4])."""
     b_ts = -1
     b_bs = -1
     b_bc = -1
@@ -1199,7 +1207,7 @@ def _book_prep_nb(ts, bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, levels, r0
     for i in range(r0, r1):
         if b_ts < 0 and i > 0 and ts[i] < ts[i - 1]:
             b_ts = i
-        for k in range(levels):
+        for k in range(levels if sizes else 0):
             if bid_px[i, k] == bid_px[i, k]:
                 if b_bs < 0 and not (bid_sz[i, k] >= 0.0):
                     b_bs = i
@@ -1402,8 +1410,8 @@ def compute_ofi_features(
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         return _compute(
-            cfg, tick, b_ts, arr, t_ts, t_size, t_sign, trades_ok, bar_ts_close, bar_instrument,
-            n_warmup, ts_window_start, bar_reset, partition, workers, pool,
+            cfg, tick, b_ts, arr, not isinstance(book, UnsignedSizeBook), t_ts, t_size, t_sign, trades_ok, bar_ts_close,
+            bar_instrument, n_warmup, ts_window_start, bar_reset, partition, workers, pool,
         )  # fmt: skip
     finally:
         if pool is not None:
@@ -1415,6 +1423,7 @@ def _compute(
     tick: float,
     b_ts: I64,
     arr: dict[str, F64],
+    check_sizes: bool,
     t_ts: I64,
     t_size: F64,
     t_sign: npt.NDArray[np.int8],
@@ -1459,7 +1468,7 @@ def _compute(
             r0, r1 = book_shards[q]
             _book_prep_nb(
                 b_ts, arr["bid_px"], arr["ask_px"], arr["bid_sz"], arr["ask_sz"], arr["bid_ct"],
-                arr["ask_ct"], L, r0, r1, valid, book_bad[q],
+                arr["ask_ct"], L, r0, r1, valid, book_bad[q], check_sizes,
             )  # fmt: skip
 
     tasks = [-1, *range(len(book_shards))]
