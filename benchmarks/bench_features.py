@@ -16,7 +16,8 @@ measurement in a fresh process so that its peak memory is its own:
 
 Usage: ``python -m benchmarks.bench_features`` (all) or ``... SUBCOMMAND ARGS`` (one
 measurement, JSON on stdout); the 7 warm stages: ``--quick`` (3 rounds), ``--rounds=N``, ``--baseline=DIR``
-(another commit's export, alternating), ``--name=NAME`` (benchmarks/results/NAME.json).
+(another commit's export, alternating), ``--name=NAME`` (benchmarks/results/NAME.json),
+``--pin=CPUS`` (every stage process on those CPUs, e.g. ``--pin=0``).
 """
 
 from __future__ import annotations
@@ -1066,6 +1067,12 @@ def main(argv: list[str]) -> None:
             base = next((a.split("=", 1)[1] for a in argv if a.startswith("--baseline=")), None)
             name = next((a.split("=", 1)[1] for a in argv if a.startswith("--name=")), "bench_features")
             n = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rounds=")), None)
+            pin = next((a.split("=", 1)[1] for a in argv if a.startswith("--pin=")), None)
+            if pin is not None:
+                # --pin=0 (or 0,1): this process and every stage process it starts run on those
+                # CPUs only (inherited affinity), both sides of an A/B alike; on a shared
+                # machine one CPU's figures (CPU time ~ wall) vary less than two cores' walls
+                os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
             out = run(quick="--quick" in argv, rounds=n, baseline=Path(base) if base else None, name=name)
         for t in out["targets"]:
             print(
