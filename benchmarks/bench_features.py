@@ -16,8 +16,9 @@ measurement in a fresh process so that its peak memory is its own:
 
 Usage (``--help`` lists the options): ``python -m benchmarks.bench_features`` runs the 7 warm
 stages (``--quick``: 3 rounds, ``--rounds N``, ``--baseline DIR``: another commit's export,
-alternating, ``--name NAME``: benchmarks/results/NAME.json); ``--scaling`` the pipeline runs;
-``... SUBCOMMAND ARGS`` one child measurement (JSON on stdout).
+alternating, ``--name NAME``: benchmarks/results/NAME.json, ``--pin CPUS``: every stage process
+on those CPUs, e.g. ``--pin 0``); ``--scaling`` the pipeline runs; ``... SUBCOMMAND ARGS`` one
+child measurement (JSON on stdout).
 """
 
 from __future__ import annotations
@@ -454,6 +455,7 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     # fxcache_valid check's verifications (fxcache_identity: every byte against the checksums;
     # verify_once of verify_fxcache) where it has them (else verify_fxcache alone).
     read_back = "read_back" in inspect.signature(write_fxcache).parameters
+    write_alongside = "alongside" in inspect.signature(write_table).parameters
     try:
         from fx_assets.core.verified import fxcache_identity, verify_once
     except ImportError:
@@ -535,8 +537,15 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
         book = _book(io, q)
         trades = flow_fn(io.sidecar("trades", q).path, book.calendar)
         feats = quarter_ofi(cur, trades, book, io.cfg.ofi, partition=part.label, **kw)
-        ofi_core.validate_ofi(feats, part.label)
-        write_table(io.path("ofi_features"), feats.to_arrow())
+        if write_alongside:  # the asset validates while it writes, where this checkout can
+            write_table(
+                io.path("ofi_features"),
+                feats.to_arrow(),
+                alongside=lambda: ofi_core.validate_ofi(feats, part.label),
+            )
+        else:
+            ofi_core.validate_ofi(feats, part.label)
+            write_table(io.path("ofi_features"), feats.to_arrow())
         return {"rows": len(feats), "warmed_up": bool(kw)}
 
     def fxcache() -> Any:
@@ -1092,9 +1101,19 @@ def main(argv: list[str]) -> None:
         "--name", default="bench_features", help="result file name (benchmarks/results/NAME.json)"
     )
     ap.add_argument("--scaling", action="store_true", help="the 1 / 3 / 9-quarter pipeline runs instead")
+    ap.add_argument(
+        "--pin",
+        default=None,
+        help="CPUs (e.g. 0 or 0,1): this process and every stage process it starts run on them only, "
+        "both sides of an A/B alike",
+    )
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if args.pin is not None:
+        # inherited affinity; on a shared machine one CPU's figures (CPU time ~ wall) vary less
+        # than two cores' walls
+        os.sched_setaffinity(0, {int(c) for c in args.pin.split(",")})
     if args.scaling:
         out = run_scaling()
     else:

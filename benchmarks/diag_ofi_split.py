@@ -78,7 +78,7 @@ def _patch(acc: _Acc) -> list[tuple[Any, str, Any]]:
         (bar_rows._OfiOutput, "put", "chunk output copy (put)"),
         (bar_rows.PageReleaser, "release_before", "page release"),
         (bar_rows, "_book_rows", "book select + gather (per chunk)"),
-        (bar_rows, "_has_valid_snapshot", "quarter_ofi: has_valid_snapshot scan"),
+        (bar_rows, "_replay_start_scanned", "quarter_ofi: chunk replay starts (book around each)"),
         (bar_rows, "_warmup_first_bar", "quarter_ofi: warmup_first_bar (prev book rescan)"),
         (bar_rows, "_trade_slices", "trade slices"),
         (bar_rows, "sidecar_columns", "quarter_ofi: sidecar_columns"),

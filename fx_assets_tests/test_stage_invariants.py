@@ -798,6 +798,7 @@ def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> 
         refs.append(reference_book(o.book.path, o.calendar))
     got = book_mod._book_rows(parts, levels, TICK_UNITS)
     assert same(got.ts, _cat([r.ts for r in refs]))
+    assert isinstance(got, ofi_core.UnsignedSizeBook)  # the sidecar's sizes and counts: unsigned
     for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
         m = getattr(got, name)
         assert m.shape == (got.ts.size, levels) and m.flags.c_contiguous and m.dtype == np.float64
@@ -893,6 +894,71 @@ def test_previous_quarter_tail_is_enough_for_the_ofi_warmup(
         bar_rows.quarter_ofi(
             o.bars, o.trades, o.book, ofi_cfg, prev_bars=p.bars, prev_trades=late, prev_book=p.book
         )
+
+
+def _snapshot_flags(
+    sources: list[tuple[Any, dict[str, np.ndarray]]], tc: np.ndarray, after: int | None
+) -> np.ndarray:
+    """Plain reference of ``_has_valid_snapshot``: every valid snapshot of the active contract
+    after ``after`` flags the first bar whose close is at or after it."""
+    has = np.zeros(tc.size, np.bool_)
+    for src, c in sources:
+        ts, b, a = c["ts_recv"], c["bid_px_00"], c["ask_px_00"]
+        active, known = src.calendar.active_instrument(session_day(ts))
+        ok = (
+            known
+            & (c["instrument_id"] == active)
+            & (b != UNDEF_PRICE)
+            & (a != UNDEF_PRICE)
+            & (b > 0)
+            & (b <= a)
+        )
+        if after is not None:
+            ok &= ts > after
+        j = np.searchsorted(tc, ts[ok], side="left")
+        has[j[j < tc.size]] = True
+    return has
+
+
+@pytest.mark.parametrize("qi", [1, 2])
+def test_replay_start_scanned_equals_the_whole_list_walk(
+    market: Market, monkeypatch: pytest.MonkeyPatch, qi: int
+) -> None:
+    """``quarter_ofi``'s chunk replay starts: the walk back over flags of a scanned window of
+    bars (grown as needed) gives the start the flags of the whole bar list give, for bar lists
+    of two quarters (the previous quarter's tail first), with and without a close before bar
+    0; the flags of a window, scanned only up to its last close, are the plain reference's."""
+    o, p = market.outs[qi], market.outs[qi - 1]
+    names = ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"]
+    sources = [(p.book, sidecar_columns(p.book.path, names)), (o.book, sidecar_columns(o.book.path, names))]
+    k0 = len(p.bars) // 2
+    tc = np.concatenate([p.bars.ts_close[k0:], o.bars.ts_close])
+    inst = np.concatenate([p.bars.instrument_id[k0:], o.bars.instrument_id])
+    rng = np.random.default_rng(11 + qi)
+    for before_first in (int(p.bars.ts_close[k0 - 1]), None):
+        full = _snapshot_flags(sources, tc, before_first)
+        assert same(ofi_warm._has_valid_snapshot(sources, tc, before_first), full)
+        lo, hi = 40, 400  # a window in the middle: flags scanned up to its own last close
+        assert same(ofi_warm._has_valid_snapshot(sources, tc[lo:hi], int(tc[lo - 1])), full[lo:hi])
+        # ... also when a snapshot lies exactly at that close (moved onto one here)
+        hi = lo + 1 + int(np.flatnonzero(full[lo + 1 :])[0]) + 1
+        c = sources[0][1] if tc[hi - 1] <= p.bars.ts_close[-1] else sources[1][1]
+        at = c["ts_recv"][(c["ts_recv"] > tc[hi - 2]) & (c["ts_recv"] <= tc[hi - 1])]
+        for t in at:
+            win = tc[lo:hi].copy()
+            win[-1] = t
+            got = ofi_warm._has_valid_snapshot(sources, win, int(tc[lo - 1]))
+            assert same(got, _snapshot_flags(sources, win, int(tc[lo - 1])))
+        assert any(_snapshot_flags(sources, np.r_[tc[lo : hi - 1], t], int(tc[lo - 1]))[-1] for t in at)
+        assert not full.all()  # there are bars without a snapshot to walk back over
+        # starts where the walk back is long: bars without a snapshot before them
+        gaps = np.flatnonzero(~full[1:]) + 1
+        js = np.r_[0, 1, len(tc) - 1, rng.choice(gaps, size=min(30, gaps.size), replace=False)]
+        for w in (1, 3, 256):
+            monkeypatch.setattr(ofi_warm, "_WARMUP_SCAN_BARS", w)
+            for j in js:
+                want = ofi_warm._replay_start(int(j), full, inst)
+                assert ofi_warm._replay_start_scanned(sources, tc, inst, int(j), before_first) == want, (j, w)
 
 
 # --- threaded paths -------------------------------------------------------------------------

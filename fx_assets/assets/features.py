@@ -239,8 +239,12 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             ),
         )
         assert isinstance(feats, ofi_core.OfiFeatures)
-        _guard(part, lambda: ofi_core.validate_ofi(feats, part.label))
-        out = write_table(io.path("ofi_features"), feats.to_arrow())
+        # Validated while the table is written (the file lands only once the check passed).
+        out = write_table(
+            io.path("ofi_features"),
+            feats.to_arrow(),
+            alongside=lambda: _guard(part, lambda: ofi_core.validate_ofi(feats, part.label)),
+        )
         return keyed_result(
             io.key("ofi_features"),
             out,

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from numba import njit
 
-from fx_assets.core.calendar import interval_of, session_table, ts_range
+from fx_assets.core.calendar import _year_range, interval_of, session_table, ts_range
 from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.roll import RollCalendar, roll_calendar_from_sidecars
@@ -150,24 +150,43 @@ def _active_keep_nb(
     iid: npt.NDArray[np.uint32],
     price: I64,
     size: npt.NDArray[np.uint32],
+    action: npt.NDArray[np.uint8],
     bounds: I64,
     act: I64,
     after: int,
     lo: int,
     hi: int,
     keep: npt.NDArray[np.bool_],
+    info: I64,
 ) -> int:
-    """Mark in ``keep`` the kept trades of ``lo:hi`` (1 byte each: no index array); their count."""
+    """Mark in ``keep`` the kept trades of ``lo:hi`` (1 byte each: no index array); their count.
+
+    The same read of every record also gives ``info``: the min and max ``ts`` of ``lo:hi`` (the
+    caller checks that its session table covered them) and the first record that is not a
+    trade (action ``T``; -1: none), which took two more passes over the columns before."""
     cnt = 0
     k = 0
+    t_lo = ts[lo] if hi > lo else 0
+    t_hi = t_lo
+    bad = -1
     for i in range(lo, hi):
-        if ts[i] <= after:
+        t = ts[i]
+        if t < t_lo:
+            t_lo = t
+        elif t > t_hi:
+            t_hi = t
+        if bad < 0 and action[i] != _ACTION_TRADE:
+            bad = i
+        if t <= after:
             continue
-        ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
+        ok, k = _active_at(bounds, act, t, int(iid[i]), k)
         p = price[i]
         if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
             keep[i] = True
             cnt += 1
+    info[0] = t_lo
+    info[1] = t_hi
+    info[2] = bad
     return cnt
 
 
@@ -241,26 +260,11 @@ def _active_outputs_nb(
 _MIN_TRADES_PER_THREAD = 1 << 20
 
 
-def _active_pass(
-    ts: I64,
-    iid: npt.NDArray[np.uint32],
-    price: I64,
-    size: npt.NDArray[np.uint32],
-    side: npt.NDArray[np.uint8],
-    bounds: I64,
-    act: I64,
-    days: npt.NDArray[np.int32],
-    after: int,
-) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32], bool]:
-    # Pass 1 marks the kept trades (1 byte each), pass 2 writes them: no index array and no
-    # full-length int64 / float64 temporaries. Both passes run on contiguous chunks on
-    # numba's thread count of threads (nogil kernels): faulting in the mapped sidecar and the
-    # outputs is the cost, and it spreads over cores; pass 2 writes each chunk at the offset
-    # the counts of pass 1 give, so the output does not depend on the split.
-    n = int(ts.shape[0])
+def _parallel(n: int) -> tuple[list[int], Callable[[Callable[[int], _T]], list[_T]]]:
+    """Cuts of ``n`` records into contiguous parts, one per thread (numba's thread count, at
+    most one per ``_MIN_TRADES_PER_THREAD``), and a runner of a function over the parts."""
     parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
     cuts = [n * p // parts for p in range(parts + 1)]
-    keep = _zeros_bool_nb(n)
 
     def run(fn: Callable[[int], _T]) -> list[_T]:
         if parts == 1:
@@ -268,12 +272,75 @@ def _active_pass(
         with ThreadPoolExecutor(parts) as pool:
             return list(pool.map(fn, range(parts)))
 
-    counts = run(
-        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
-    )
+    return cuts, run
+
+
+def _keep_pass(
+    trades_sidecar: Path,
+    cols: dict[str, np.ndarray],
+    calendar: RollCalendar,
+    after: int,
+    cuts: list[int],
+    run: Callable[[Callable[[int], int]], list[int]],
+) -> tuple[npt.NDArray[np.bool_], list[int], I64, npt.NDArray[np.int32]]:
+    """The kept trades of the sidecar (``keep``, count per part) and the session table used.
+
+    Raises ``check_trade_actions``' error if a record is not a trade. The session table is
+    built from the first and last records' times; the pass checks that every record's time
+    fell in the years that table covers (``session_table`` depends on the year range only), else
+    it runs again with the table of their full range: the same selection as a table from
+    ``ts_range`` of the whole column, without a separate pass to find it."""
+    ts = cols["ts_recv"]
+    n = int(ts.shape[0])
+    iid, price, size, action = cols["instrument_id"], cols["price"], cols["size"], cols["action"]
+
+    def one(
+        span: tuple[int, int] | None,
+    ) -> tuple[npt.NDArray[np.bool_], list[int], I64, npt.NDArray[np.int32], list[I64]]:
+        keep = _zeros_bool_nb(n)
+        bounds, act, days = _active_table(calendar, ts, span)
+        infos = [np.zeros(3, np.int64) for _ in cuts[1:]]
+        counts = run(
+            lambda p: _active_keep_nb(
+                ts, iid, price, size, action, bounds, act, after, cuts[p], cuts[p + 1], keep, infos[p]
+            )
+        )
+        if any(int(i[2]) >= 0 for i in infos):
+            check_trade_actions(trades_sidecar, action)  # raises, naming the records
+        return (
+            keep,
+            counts,
+            bounds,
+            days,
+            [i for i, a, b in zip(infos, cuts, cuts[1:], strict=False) if b > a],
+        )
+
+    span = (int(ts[0]), int(ts[n - 1])) if n else None
+    while True:
+        keep, counts, bounds, days, ran = one(span)
+        if span is None:
+            return keep, counts, bounds, days
+        seen = (min(int(i[0]) for i in ran), max(int(i[1]) for i in ran))
+        if _year_range(np.array(seen, np.int64)) == _year_range(np.array(span, np.int64)):
+            return keep, counts, bounds, days
+        span = seen
+
+
+def _active_pass(
+    trades_sidecar: Path, cols: dict[str, np.ndarray], calendar: RollCalendar, after: int
+) -> tuple[I64, F64, F64, npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.uint32], bool]:
+    # Pass 1 marks the kept trades (1 byte each), pass 2 writes them: no index array and no
+    # full-length int64 / float64 temporaries. Both passes run on contiguous chunks on
+    # numba's thread count of threads (nogil kernels): faulting in the mapped sidecar and the
+    # outputs is the cost, and it spreads over cores; pass 2 writes each chunk at the offset
+    # the counts of pass 1 give, so the output does not depend on the split.
+    ts = cols["ts_recv"]
+    cuts, run = _parallel(int(ts.shape[0]))
+    keep, counts, bounds, days = _keep_pass(trades_sidecar, cols, calendar, after, cuts, run)
     offsets = [0, *itertools.accumulate(counts)]
     cnt = offsets[-1]
     o_ts, o_px, o_sz, o_sg, o_ss, o_id = _active_outputs_nb(cnt)
+    iid, price, size, side = cols["instrument_id"], cols["price"], cols["size"], cols["side"]
     oks = run(
         lambda p: _active_write_nb(
             ts,
@@ -322,19 +389,9 @@ def active_trades(
     filters) and one writing the kept trades: the only allocations are the outputs.
     """
     cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
-    check_trade_actions(trades_sidecar, cols["action"])
     ts = cols["ts_recv"]
-    bounds, act, days = _active_table(calendar, ts)
     o_ts, o_px, o_sz, o_sg, o_ss, o_id, ordered = _active_pass(
-        ts,
-        cols["instrument_id"],
-        cols["price"],
-        cols["size"],
-        cols["side"],
-        bounds,
-        act,
-        days,
-        np.iinfo(np.int64).min if after_ts is None else int(after_ts),
+        trades_sidecar, cols, calendar, np.iinfo(np.int64).min if after_ts is None else int(after_ts)
     )
     if not ordered:
         raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
@@ -406,34 +463,15 @@ def active_trade_flow(
     """``active_trades`` reduced to what OFI reads (ts, size, sign): the same selection and
     values, half the output to write."""
     cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
-    check_trade_actions(trades_sidecar, cols["action"])
     ts = cols["ts_recv"]
     n = int(ts.shape[0])
-    parts = max(1, min(int(numba.get_num_threads()), n // _MIN_TRADES_PER_THREAD))
-    cuts = [n * p // parts for p in range(parts + 1)]
-    keep = _zeros_bool_nb(n)
+    cuts, run = _parallel(n)
     after = np.iinfo(np.int64).min if after_ts is None else int(after_ts)
-
-    def run(fn: Callable[[int], _T]) -> list[_T]:
-        if parts == 1:
-            return [fn(0)]
-        with ThreadPoolExecutor(parts) as pool:
-            return list(pool.map(fn, range(parts)))
-
-    # min / max of ts for the session table, one part per thread (the first read of the column)
-    span = None
-    if n:
-        spans = run(lambda p: ts_range(ts[cuts[p] : cuts[p + 1]]))
-        span = (min(a for a, _ in spans), max(b for _, b in spans))
-    bounds, act, _ = _active_table(calendar, ts, span)
-    iid, price, size = cols["instrument_id"], cols["price"], cols["size"]
-    counts = run(
-        lambda p: _active_keep_nb(ts, iid, price, size, bounds, act, after, cuts[p], cuts[p + 1], keep)
-    )
+    keep, counts, _, _ = _keep_pass(trades_sidecar, cols, calendar, after, cuts, run)
     offsets = [0, *itertools.accumulate(counts)]
     cnt = offsets[-1]
     o_ts, o_sz, o_sg = _flow_outputs_nb(cnt)
-    side = cols["side"]
+    size, side = cols["size"], cols["side"]
     oks = run(
         lambda p: _flow_write_nb(ts, size, side, keep, cuts[p], cuts[p + 1], offsets[p], o_ts, o_sz, o_sg)
     )

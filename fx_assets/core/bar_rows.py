@@ -56,7 +56,7 @@ from fx_assets.core.calendar import _year_range
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import ColumnBlock
 from fx_assets.core.mid_asof import book_mid_asof
-from fx_assets.core.ofi_warmup import _has_valid_snapshot, _replay_start, _warmup_first_bar
+from fx_assets.core.ofi_warmup import _replay_start_scanned, _warmup_first_bar
 from fx_assets.core.page_release import PageReleaser
 from fx_assets.core.roll import RollCalendar
 from fx_assets.core.sidecar import sidecar_columns
@@ -325,7 +325,13 @@ def quarter_ofi(
         n_prev = len(prev_bars)
         k = _warmup_first_bar(prev_bars, sources[0], config)
         n_warm = n_prev - k
-        all_bars = BarTable.concat([prev_bars.slice(k, n_prev), bars])
+        # The bar list (warm-up tail + quarter): only these four columns of it are read, so
+        # the quarter's other ten are not copied.
+        tail = prev_bars.slice(k, n_prev)
+        ts_close, inst, volume, n_trades = (
+            np.concatenate([getattr(tail, f), getattr(bars, f)])
+            for f in ("ts_close", "instrument_id", "volume", "n_trades")
+        )
         before_first = int(prev_bars.ts_close[k - 1]) if k > 0 else None
         if prev_trades.after_ts is not None and (before_first is None or prev_trades.after_ts > before_first):
             raise FxDataError(
@@ -335,17 +341,13 @@ def quarter_ofi(
             )
         trade_sources.append(prev_trades)
     else:
-        all_bars = bars
+        ts_close, inst, volume, n_trades = bars.ts_close, bars.instrument_id, bars.volume, bars.n_trades
     trade_sources.append(trades)
     sources.append((book, book_cols))
-    ts_close = all_bars.ts_close
-    inst = all_bars.instrument_id
     n_all = len(ts_close)
 
     def close_before(j: int) -> int | None:
         return int(ts_close[j - 1]) if j > 0 else before_first
-
-    has_snap = _has_valid_snapshot(sources, ts_close, before_first)
 
     # Chunks run ``workers`` at a time, each on one thread (its kernels are nogil): every step
     # of a chunk (book gather, input checks, cumulative trade volumes, both passes, deltas)
@@ -357,17 +359,16 @@ def quarter_ofi(
 
     # Events up to each bar's close, over all sources: sets the chunk boundaries. Only
     # differences are used, so the previous quarter's events before the warm-up cancel out.
-    # One forward merge per source (the closes ascend): a binary search per bar over the
-    # quarter's ~25 M trade stamps took ~0.2 s on one core before any chunk could start.
-    cum = np.zeros(n_all, dtype=np.int64)
+    # One forward merge per book source (the closes ascend). Trades are counted by the bars'
+    # own ``n_trades`` (a trade sharing a close's stamp may count in the next bar): the
+    # boundaries only balance the chunks, the results do not depend on them, and the merge
+    # over the quarter's ~25 M trade stamps ran on one core before any chunk could start.
+    cum = np.cumsum(n_trades, dtype=np.int64) // TRADE_WEIGHT
     hits = np.empty(n_all, dtype=np.int64)
     tc = np.ascontiguousarray(ts_close, dtype=np.int64)
     for _, c in sources:
         ofi_core.search_right(c["ts_recv"], tc, hits)
         cum += hits
-    for t in trade_sources:
-        ofi_core.search_right(t.ts, tc, hits)
-        cum += hits // TRADE_WEIGHT
     del hits
     bounds = [n_warm]
     while bounds[-1] < n_all:
@@ -382,10 +383,13 @@ def quarter_ofi(
     # Each chunk's plan: its bars [b0, b1), replay start w0, time window and record ranges.
     plans = []
     for b0, b1 in itertools.pairwise(bounds):
+        # (the book is scanned only around the chunk's replay start, not for every bar)
         w0 = (
             0
             if b0 == n_warm
-            else _replay_start(b0 - ofi_core.ofi_warmup_bars(all_bars.volume[:b0], config), has_snap, inst)
+            else _replay_start_scanned(
+                sources, ts_close, inst, b0 - ofi_core.ofi_warmup_bars(volume[:b0], config), before_first
+            )
         )
         t_start = close_before(w0)
         lo_t = t_start if t_start is not None else int(np.iinfo(np.int64).min)

@@ -175,7 +175,9 @@ def _book_rows(
     concatenation copy; into ``buffers`` when given). With ``tick_units`` > 0, a defined price
     off the tick grid raises (naming file, column, record and ts_recv). ``tables``: each
     part's ``_active_table`` (bounds, active ids) over its whole source, built once by the
-    caller (any table covering the records gives the same selection)."""
+    caller (any table covering the records gives the same selection). An
+    ``ofi.UnsignedSizeBook`` when every size and count column read is of an unsigned integer
+    type (the sidecar's)."""
     picked: list[tuple[BookSource, dict[str, np.ndarray], I64]] = []
     for p, (src, c, lo, hi) in enumerate(parts):
         if hi <= lo:
@@ -216,4 +218,11 @@ def _book_rows(
                 "(OfiConfig.tick_size)"
             )
         row += int(idx.shape[0])
-    return ofi_core.BookArrays(o_ts, *mats)
+    # sizes and counts from unsigned integer columns (the sidecar's): finite and >= 0 already
+    unsigned = all(
+        np.issubdtype(c[f"{f}_{i:02d}"].dtype, np.unsignedinteger)
+        for _, c, _ in picked
+        for f in ("bid_sz", "ask_sz", "bid_ct", "ask_ct")
+        for i in range(levels)
+    )
+    return (ofi_core.UnsignedSizeBook if unsigned else ofi_core.BookArrays)(o_ts, *mats)

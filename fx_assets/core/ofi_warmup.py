@@ -3,8 +3,9 @@
 The OFI event pass carries rolling bar windows and the last valid book snapshot. A replay
 (a chunk of ``quarter_ofi``, or the previous quarter's warm-up tail) starts ``ofi_warmup_bars``
 bars back and further, to a bar whose window holds a valid snapshot of the active contract
-(``_has_valid_snapshot``, ``_replay_start``). ``ofi_warmup_start`` gives the ``ts_recv`` after
-which the previous quarter's trades and book are needed, so only that tail is loaded.
+(``_has_valid_snapshot``, ``_replay_start``; ``_replay_start_scanned`` scans only the book around
+the replay start). ``ofi_warmup_start`` gives the ``ts_recv`` after which the previous quarter's
+trades and book are needed, so only that tail is loaded.
 """
 
 from __future__ import annotations
@@ -82,14 +83,19 @@ def _has_valid_snapshot(
     pass over each source's memory-mapped columns (their records after ``after``)."""
     has = np.zeros(ts_close.shape[0], dtype=np.bool_)
     tc = np.ascontiguousarray(ts_close, dtype=np.int64)
+    if tc.size == 0:
+        return has
     for src, c in sources:
         lo = 0 if after is None else int(np.searchsorted(c["ts_recv"], after, side="right"))
-        ts = c["ts_recv"][lo:]
-        if ts.size == 0 or tc.size == 0:
+        # records after the last close mark no bar: the scan stops there (the book is in ts
+        # order), so a window of bars costs its own records, not the rest of the quarter's
+        hi = int(np.searchsorted(c["ts_recv"], tc[-1], side="right"))
+        ts = c["ts_recv"][lo:hi]
+        if ts.size == 0:
             continue
         bounds, act, _ = _active_table(src.calendar, ts)
         _mark_snapshot_bars_nb(
-            ts, c["instrument_id"][lo:], c["bid_px_00"][lo:], c["ask_px_00"][lo:], bounds, act, tc, has
+            ts, c["instrument_id"][lo:hi], c["bid_px_00"][lo:hi], c["ask_px_00"][lo:hi], bounds, act, tc, has
         )
     return has
 
@@ -101,19 +107,33 @@ def _warmup_first_bar(
     prev_bars: BarTable, prev_src: tuple[BookSource, dict[str, np.ndarray]], config: ofi_core.OfiConfig
 ) -> int:
     """First bar of ``prev_bars`` that ``quarter_ofi`` replays: ``ofi_warmup_bars`` from the
-    end, moved back by ``_replay_start``. Only the book after a window of bars before that
-    point is scanned (the window grows while the walk back reaches its start)."""
+    end, moved back by ``_replay_start`` (:func:`_replay_start_scanned`)."""
     n = len(prev_bars)
     j0 = max(n - ofi_core.ofi_warmup_bars(prev_bars.volume, config), 0)
     if j0 == 0:
         return 0
-    tc = prev_bars.ts_close
+    return _replay_start_scanned([prev_src], prev_bars.ts_close, prev_bars.instrument_id, j0, None)
+
+
+def _replay_start_scanned(
+    sources: Sequence[tuple[BookSource, dict[str, np.ndarray]]],
+    ts_close: npt.NDArray[np.int64],
+    inst: npt.NDArray[np.uint32],
+    j0: int,
+    before_first: int | None,
+) -> int:
+    """``_replay_start(j0, _has_valid_snapshot(sources, ts_close, before_first), inst)``, with
+    only the book of a window of bars before ``j0`` scanned (the window grows while the walk
+    back reaches its start): the flags of a window's bars are those of the whole list (bar
+    ``lo``'s window is ``(ts_close[lo - 1], ts_close[lo]]`` either way), and the walk reads
+    no other bar."""
+    j0 = max(j0, 0)
     w = _WARMUP_SCAN_BARS
     while True:
         lo = max(j0 - w, 0)
-        after = int(tc[lo - 1]) if lo > 0 else None
-        has = _has_valid_snapshot([prev_src], tc[lo : j0 + 1], after)
-        k = lo + _replay_start(j0 - lo, has, prev_bars.instrument_id[lo : j0 + 1])
+        after = int(ts_close[lo - 1]) if lo > 0 else before_first
+        has = _has_valid_snapshot(sources, ts_close[lo : j0 + 1], after)
+        k = lo + _replay_start(j0 - lo, has, inst[lo : j0 + 1])
         if k > lo or lo == 0:
             return k
         w *= 4

@@ -187,6 +187,44 @@ def test_disk_full_names_the_file_being_written(tmp_path: Path, monkeypatch: pyt
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_table_alongside_check_gates_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_table(..., alongside=check)``: the check runs on another thread while the table is
+    written; the file lands (the same bytes as without a check) only once the check returned, a
+    failing check leaves nothing at the path (no temporary file either) and its error wins
+    over a write error."""
+    import threading
+
+    t = pa.table({"ts": pa.array(np.arange(1000, dtype=np.int64)), "x": pa.array(np.linspace(0, 1, 1000))})
+    plain = tables.write_table(tmp_path / "plain.arrow", t)
+    ran: list[str] = []
+
+    def ok() -> None:
+        ran.append(threading.current_thread().name)
+
+    p = tables.write_table(tmp_path / "gated.arrow", t, alongside=ok)
+    assert p.read_bytes() == plain.read_bytes()
+    assert ran and ran[0] != threading.current_thread().name
+
+    def bad() -> None:
+        raise FxDataError("feature x is NaN at bar 3")
+
+    with pytest.raises(FxDataError, match="NaN at bar 3"):
+        tables.write_table(tmp_path / "failed.arrow", t, alongside=bad)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["gated.arrow", "plain.arrow"]
+
+    import errno
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tables.pa, "OSFile", full)
+    with pytest.raises(FxDataError, match="NaN at bar 3"):  # the check's error, as if it ran first
+        tables.write_table(tmp_path / "both.arrow", t, alongside=bad)
+    with pytest.raises(FxDataError, match="no space left"):
+        tables.write_table(tmp_path / "full.arrow", t, alongside=ok)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["gated.arrow", "plain.arrow"]
+
+
 def test_inspect_reports_a_damaged_sidecar_body(tmp_path: Path) -> None:
     src = _big_source(tmp_path, 5000)
     info = sidecar.ensure_sidecar(src, tmp_path / "sc")

@@ -15,6 +15,7 @@ from fx_assets.core.ofi import (
     OfiConfig,
     OfiFeatures,
     TradeArrays,
+    UnsignedSizeBook,
     _first_ge_nb,
     _search_right_nb,
     book_state_row,
@@ -757,6 +758,27 @@ def test_validate_raises_on_nan_after_warmup_and_out_of_bounds() -> None:
     g.columns["spread_ticks"][9] = 1.0
     with pytest.raises(FxDataError, match=r"spread_ticks = .*-1.0.* outside .* at bar 25 "):
         validate_ofi(g, "2024-Q3")
+
+
+def test_sizes_known_valid_skip_only_their_check() -> None:
+    """An ``UnsignedSizeBook`` (sizes and counts from unsigned integers) skips their per-level
+    check and nothing else: the same features bit for bit, the ts order still checked, and a
+    plain ``BookArrays`` with a bad size still refused."""
+    book, trades, tau, inst = make_market(15)
+    unsigned = UnsignedSizeBook(**{f: getattr(book, f) for f in BookArrays.__dataclass_fields__})
+    for cfg in (small_cfg(), small_cfg(n_workers=2)):
+        a = run(book, trades, tau, inst, cfg)
+        b = run(unsigned, trades, tau, inst, cfg)
+        for name, col in a.columns.items():
+            assert col.tobytes() == b.columns[name].tobytes(), name
+    sz = book.ask_sz.copy()
+    sz[40, 1] = -2.0
+    with pytest.raises(FxDataError, match=r"ask_sz_01.*snapshot 40"):
+        run(replace(book, ask_sz=sz), trades, tau, inst)
+    bts = book.ts.copy()
+    bts[30] = bts[29] - 1  # the ts order is checked either way
+    with pytest.raises(FxDataError, match=r"book.ts.*not sorted at row 30"):
+        run(replace(unsigned, ts=bts), trades, tau, inst)
 
 
 def test_input_errors() -> None:
