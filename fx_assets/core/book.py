@@ -60,7 +60,11 @@ def _select_active_nb(
     return n
 
 
-_GATHER_BLOCK = 4096  # rows per block: every column's slice of a block stays in cache
+# Rows per block: every column's slice of a block, and the block's rows of the six output
+# matrices (1024 x 6 x 80 B), stay in the core's cache. 4096 rows (2 MB of output per block,
+# the size of L2 here) gathered the scale-1 quarter's 2.29 M snapshot rows in 0.45 s CPU
+# against 0.37 s at 1024 (0.40 s at 256, 0.39 s at 2048; core 0, 4 alternating rounds).
+_GATHER_BLOCK = 1024
 
 
 @njit(cache=True, nogil=True)
@@ -103,25 +107,33 @@ def _gather_book_nb(
         for r in range(b0, b1):
             o_ts[row0 + r] = ts[idx[r]]
         for lvl in range(levels):
-            for side in range(2):
-                col = bid_px[lvl] if side == 0 else ask_px[lvl]
-                out = o_bpx if side == 0 else o_apx
-                rank = side * levels + lvl
-                # The grid check (a 64-bit modulo, the costliest step here) runs once per run of
-                # equal prices: a level's price mostly repeats from record to record, and a
-                # repeat of an off-grid price was already recorded at its first row.
-                last = UNDEF_PRICE
-                for r in range(b0, b1):
-                    v = col[idx[r]]
-                    if v == UNDEF_PRICE:
-                        out[row0 + r, lvl] = np.nan
-                    else:
-                        out[row0 + r, lvl] = v / PRICE_DIVISOR
-                        if tick_units > 0 and v != last:
-                            last = v
-                            if v % tick_units != 0 and rank < bad_rank[blk]:
-                                bad_rank[blk] = rank  # rows ascend within a block: the first is kept
-                                bad_pos[blk] = r
+            # A level's bid and ask in one loop (one read of the index per row for both). The
+            # grid check (a 64-bit modulo, the costliest step here) runs once per run of equal
+            # defined prices: a level's price mostly repeats from record to record, and a repeat
+            # of an off-grid price was already recorded at its first row. A block keeps the
+            # lowest rank and, for it, the first row: rows ascend and only a strictly lower
+            # rank replaces, so the bid/ask interleaving finds what column order found.
+            cb = bid_px[lvl]
+            ca = ask_px[lvl]
+            last_b = UNDEF_PRICE
+            last_a = UNDEF_PRICE
+            for r in range(b0, b1):
+                i = idx[r]
+                vb = cb[i]
+                va = ca[i]
+                o_bpx[row0 + r, lvl] = np.nan if vb == UNDEF_PRICE else vb / PRICE_DIVISOR
+                o_apx[row0 + r, lvl] = np.nan if va == UNDEF_PRICE else va / PRICE_DIVISOR
+                if tick_units > 0:
+                    if vb != UNDEF_PRICE and vb != last_b:
+                        last_b = vb
+                        if vb % tick_units != 0 and lvl < bad_rank[blk]:
+                            bad_rank[blk] = lvl
+                            bad_pos[blk] = r
+                    if va != UNDEF_PRICE and va != last_a:
+                        last_a = va
+                        if va % tick_units != 0 and levels + lvl < bad_rank[blk]:
+                            bad_rank[blk] = levels + lvl
+                            bad_pos[blk] = r
             c1 = bid_sz[lvl]
             c2 = ask_sz[lvl]
             c3 = bid_ct[lvl]
