@@ -35,7 +35,8 @@ Two passes over the memory-mapped sidecar: :func:`plan_snapshot_rows` counts the
 finds each bar's closing row (no per-record array), so the fxcache writer knows its row count
 up front; :func:`iter_snapshot_rows` then yields the kept rows ``chunk`` records at a time with
 the scan's state carried across chunks. Memory is bounded by the chunk, not the quarter, and
-the chunk size changes no value.
+the chunk size changes no value. The trades sidecar is walked once, in the second pass: one
+forward merge gives each row's trade volume and, on the way, each bar close's.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ from fx_assets.core.snapshot_features import (
     SnapshotFeatureConfig,
     SnapshotState,
     feature_names,
-    last_closed_bar,
     new_state,
     snapshot_features,
 )
@@ -188,28 +188,46 @@ def _trade_volume_nb(
     act: I64,
     at: I64,
     out: F64,
+    tc: I64,
+    close_vol: F64,
     st: I64,
     cum: F64,
 ) -> None:
     """For each time ``at[r]`` (non-decreasing), the volume of the active contract's trades
     with ``ts_recv <= at[r]`` (the trades the bars are built from: ``active_trades``'s filter)
-    into ``out[r]``: a forward merge over the trades; ``st`` = [next trade, interval index]
-    and ``cum[0]`` = the running volume, carried from call to call."""
+    into ``out[r]``, and on the way, for each bar close ``tc[j] <= at[r]`` not yet passed, the
+    volume of the trades with ``ts_recv <= tc[j]`` into ``close_vol[j]``: one forward merge
+    over the trades gives both (two merges, one over the bar closes in the plan and one over
+    the rows, walked the quarter's trades twice). A bar that is closed for a row closes at or
+    before the row's ``ts_recv``, so its ``close_vol`` is set before the row needs it. ``st`` =
+    [next trade, interval index, next bar] and ``cum[0]`` = the running volume, carried from
+    call to call; the sums run over the same trades in the same order either way (same bits)."""
     i = st[0]
     k = st[1]
+    jb = st[2]
     n = tts.shape[0]
+    nb = tc.shape[0]
     c = cum[0]
     for r in range(at.shape[0]):
         t = at[r]
-        while i < n and tts[i] <= t:
-            ok, k = _active_at(bounds, act, tts[i], int(tiid[i]), k)
-            p = tpx[i]
-            if ok and p != UNDEF_PRICE and p > 0 and tsz[i] > 0:
-                c += tsz[i]
-            i += 1
+        while True:
+            # the next stop: a bar close not after t, else t itself
+            closing = jb < nb and tc[jb] <= t
+            u = tc[jb] if closing else t
+            while i < n and tts[i] <= u:
+                ok, k = _active_at(bounds, act, tts[i], int(tiid[i]), k)
+                p = tpx[i]
+                if ok and p != UNDEF_PRICE and p > 0 and tsz[i] > 0:
+                    c += tsz[i]
+                i += 1
+            if not closing:
+                break
+            close_vol[jb] = c
+            jb += 1
         out[r] = c
     st[0] = i
     st[1] = k
+    st[2] = jb
     cum[0] = c
 
 
@@ -290,24 +308,65 @@ def _chunk_rows_nb(
         prices[r, 2] = slot_code[s]
 
 
-class _TradeVolume:
-    """Active-contract trade volume up to given times, from the memory-mapped trades sidecar
-    (a forward merge; pages released behind it)."""
+@njit(cache=True, nogil=True)
+def _context_nb(
+    close_rows: I64, bar_ok: npt.NDArray[np.bool_], row0: int, keep: npt.NDArray[np.bool_], jj: I64
+) -> int:
+    """Rows ``row0 .. row0 + m - 1`` (``m = jj.shape[0]``): the last bar closed strictly before
+    each (:func:`snapshot_features.last_closed_bar`: the number of bars whose closing row is
+    below the row, less one), clipped to 0 where none, into ``jj``; whether the row is kept (a
+    closed bar whose context is defined, ``bar_ok``) into ``keep``; the kept count. A forward
+    merge over the non-decreasing ``close_rows`` from a binary search for ``row0`` (the
+    per-chunk ``np.diff`` check, ``searchsorted`` and masks walked all 680 k bars per chunk)."""
+    nb = close_rows.shape[0]
+    lo = 0
+    hi = nb
+    while lo < hi:  # bars with close_rows < row0
+        mid = (lo + hi) >> 1
+        if close_rows[mid] < row0:
+            lo = mid + 1
+        else:
+            hi = mid
+    p = lo
+    cnt = 0
+    for r in range(jj.shape[0]):
+        row = row0 + r
+        while p < nb and close_rows[p] < row:
+            p += 1
+        if p == 0:
+            jj[r] = 0
+            keep[r] = False
+        else:
+            jj[r] = p - 1
+            ok = bar_ok[p - 1]
+            keep[r] = ok
+            cnt += ok
+    return cnt
 
-    def __init__(self, trades: Path | str, book: BookSource) -> None:
+
+class _TradeVolume:
+    """Active-contract trade volume up to given times and up to each bar close, from the
+    memory-mapped trades sidecar (one forward merge; pages released behind it)."""
+
+    def __init__(self, trades: Path | str, book: BookSource, ts_close: I64) -> None:
         self.cols = sidecar_columns(trades, ["ts_recv", "instrument_id", "price", "size"])
         self.bounds, self.act, _ = _active_table(book.calendar, self.cols["ts_recv"])
-        self.st = np.zeros(2, np.int64)
+        self.tc = ts_close
+        # per bar: the volume to its close, set once the merge passes it (read only for bars
+        # closed before a row, which it has passed by then)
+        self.close_vol = np.zeros(ts_close.shape[0])
+        self.st = np.zeros(3, np.int64)
         self.cum = np.zeros(1)
         self.releaser = PageReleaser(list(self.cols.values()))
 
     def upto(self, at: I64, out: F64 | None = None) -> F64:
-        """Volume of the trades with ``ts_recv <= at[r]``; ``at`` non-decreasing across calls."""
+        """Volume of the trades with ``ts_recv <= at[r]``; ``at`` non-decreasing across calls.
+        Sets ``close_vol`` of the bars closing at or before ``at[-1]``."""
         o = np.empty(at.shape[0]) if out is None else out
         c = self.cols
         _trade_volume_nb(
             c["ts_recv"], c["instrument_id"], c["price"], c["size"], self.bounds, self.act,
-            np.ascontiguousarray(at, dtype=np.int64), o, self.st, self.cum,
+            np.ascontiguousarray(at, dtype=np.int64), o, self.tc, self.close_vol, self.st, self.cum,
         )  # fmt: skip
         self.releaser.release_before(int(self.st[0]))
         return o
@@ -331,19 +390,22 @@ class SnapshotPlan:
     n_rows: int  # rows kept (written)
     counts: dict[str, int] = field(default_factory=dict)  # excluded records and dropped rows
     trades: Path | None = None  # the trades sidecar the bars are built from (bar progress)
-    close_vol: F64 = field(default_factory=lambda: np.empty(0))  # per bar: trade volume to its close
     bar_volume: F64 = field(default_factory=lambda: np.empty(0))  # per bar: its volume
     bar_ts_close: I64 = field(default_factory=lambda: np.empty(0, np.int64))
     bar_duration_ns: I64 = field(default_factory=lambda: np.empty(0, np.int64))
 
-    def context(self, row0: int, m: int) -> tuple[npt.NDArray[np.bool_], I64]:
-        """(kept mask, last closed bar, clipped to 0 where none) of rows ``row0 .. row0 + m - 1``
-        (:func:`snapshot_features.last_closed_bar`)."""
-        j = last_closed_bar(self.close_rows, m, row0)
-        has = j >= 0
-        jj = np.where(has, j, 0)
-        ok = has & self.bar_ok[jj] if self.bar_ok.size else has
-        return ok, jj
+    def context(
+        self, row0: int, m: int, out: tuple[npt.NDArray[np.bool_], I64] | None = None
+    ) -> tuple[npt.NDArray[np.bool_], I64, int]:
+        """(kept mask, last closed bar, clipped to 0 where none, kept count) of rows
+        ``row0 .. row0 + m - 1`` (:func:`snapshot_features.last_closed_bar`); into ``out``
+        (two arrays of at least ``m``) when given."""
+        if out is None:
+            keep, jj = np.empty(m, np.bool_), np.empty(m, np.int64)
+        else:
+            keep, jj = out[0][:m], out[1][:m]
+        n_keep = _context_nb(self.close_rows, self.bar_ok, row0, keep, jj)
+        return keep, jj, int(n_keep)
 
 
 _BAR_BLOCK_ROWS = 8192  # rows per block when the bar feature columns are laid out row-major
@@ -375,9 +437,10 @@ def plan_snapshot_rows(
     trades: Path | str,
     partition: str = "?",
 ) -> SnapshotPlan:
-    """First pass: count the rows of ``book`` and place each bar's close among them; the
-    active trade volume up to each bar's close from ``trades`` (the trades sidecar the bars
-    were built from), for the bar progress."""
+    """First pass: count the rows of ``book`` and place each bar's close among them.
+    ``trades`` (the trades sidecar the bars were built from) is recorded for the bar progress,
+    which the second pass merges in (the trade volume to each bar's close on the same walk as
+    the rows')."""
     cols = sidecar_columns(book.path, ["ts_recv", "instrument_id", "flags", "bid_px_00", "ask_px_00"])
     ts = cols["ts_recv"]
     tc = np.ascontiguousarray(bars.ts_close, dtype=np.int64)
@@ -418,10 +481,9 @@ def plan_snapshot_rows(
         "dropped_bar_features_undefined": int(n - kept - before_first),
         "rows": kept,
     }
-    close_vol = _TradeVolume(trades, book).upto(tc)  # trades with ts_recv <= each bar's close
     return SnapshotPlan(
         n, close_rows, bar_names, bar_values, bar_ok, kept, counts, trades=Path(trades),
-        close_vol=close_vol, bar_volume=np.ascontiguousarray(bars.volume, dtype=np.float64),
+        bar_volume=np.ascontiguousarray(bars.volume, dtype=np.float64),
         bar_ts_close=tc, bar_duration_ns=np.ascontiguousarray(bars.duration_ns, dtype=np.int64),
     )  # fmt: skip
 
@@ -465,8 +527,9 @@ def iter_snapshot_rows(
     slot_buf = np.empty_like(idx_buf)
     if plan.trades is None:
         raise FxDataError(f"{book.path}: the snapshot plan has no trades sidecar (bar progress)")
-    tvol = _TradeVolume(plan.trades, book)
+    tvol = _TradeVolume(plan.trades, book, plan.bar_ts_close)
     vol_buf = np.empty(idx_buf.shape[0])
+    ctx_bufs = (np.empty(idx_buf.shape[0], np.bool_), np.empty(idx_buf.shape[0], np.int64))
     row0 = 0
     last_slot, n_breaks = np.int64(-1), np.int64(0)
     # Output blocks reused from chunk to chunk (a fresh block per chunk would fault in every
@@ -526,12 +589,11 @@ def iter_snapshot_rows(
         # bar progress, then the bar context (the bar features of each row's last closed bar,
         # gathered straight into place)
         _, st = snapshot_features(snap, cfg, st, out=block[:, :nf])
-        keep, jj = plan.context(row0, m)
-        n_keep = int(np.count_nonzero(keep))
+        keep, jj, n_keep = plan.context(row0, m, ctx_bufs)
         if n_keep:
             vol = tvol.upto(o_ts, vol_buf[:m])  # trades with ts_recv <= the row's
             _join_bar_nb(
-                jj, vol, o_ts, plan.close_vol, plan.bar_volume, plan.bar_ts_close, plan.bar_duration_ns,
+                jj, vol, o_ts, tvol.close_vol, plan.bar_volume, plan.bar_ts_close, plan.bar_duration_ns,
                 plan.bar_values, block, nf,
             )  # fmt: skip
             rows = np.arange(row0, row0 + m, dtype=np.int64)

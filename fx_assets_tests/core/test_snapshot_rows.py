@@ -5,6 +5,7 @@ file it writes."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,3 +465,80 @@ def test_chunk_rows_kernel_is_the_numpy_form() -> None:
         )
         for g, w in zip(got, (*want, want_prices), strict=True):
             assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
+def test_trade_volume_merge_gives_row_and_bar_close_volumes_bit_for_bit() -> None:
+    """``_trade_volume_nb`` (one forward merge giving each row's trade volume and, on the way,
+    each bar close's) against plain prefix sums over the trades: ties of trade, row and bar
+    close times, trades of inactive sessions / other contracts / undefined or non-positive price
+    / zero size, bar closes before the first row and between rows, calls of any size (one row
+    to many), calls skipped (a chunk with nothing kept), and bars closing after the last row
+    left unset."""
+    rng = np.random.default_rng(21)
+    undef = np.iinfo(np.int64).max
+    bounds = np.array([0, 5_000, 6_000, 10**9], np.int64)  # two sessions, a halt between
+    act = np.array([5, 6], np.int64)
+    n = 20_000
+    tts = np.sort(rng.integers(0, 12_000, n)).astype(np.int64)  # many equal times
+    tiid = rng.choice(np.array([5, 6, 7], np.uint32), n)
+    tpx = rng.choice(np.array([100, 250, 0, -5, undef], np.int64), n, p=[0.4, 0.4, 0.05, 0.05, 0.1])
+    tsz = rng.integers(0, 4, n).astype(np.uint32)
+    tc = np.sort(np.concatenate([rng.integers(-50, 12_500, 300), tts[rng.integers(0, n, 100)]]))
+    tc = tc.astype(np.int64)
+    at = np.sort(np.concatenate([rng.integers(0, 11_000, 3000), tts[rng.integers(0, n, 500)], tc[:50]]))
+    at = at.astype(np.int64)
+
+    def plain(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(bounds, tts, side="right")
+        slot = np.clip((k - 1) >> 1, 0, act.size - 1)
+        ok = (k & 1).astype(bool) & (tiid == act[slot]) & (tpx != undef) & (tpx > 0) & (tsz > 0)
+        cum = np.concatenate([[0.0], np.cumsum(np.where(ok, tsz, 0).astype(np.float64))])
+        return cum[np.searchsorted(tts, t, side="right")]
+
+    for seed in range(3):
+        r2 = np.random.default_rng(seed)
+        cuts = np.unique(np.concatenate([[0, at.size], r2.integers(0, at.size, 40)]))
+        close_vol = np.zeros(tc.size)
+        st, cum = np.zeros(3, np.int64), np.zeros(1)
+        out = np.full(at.size, np.nan)
+        called = np.zeros(at.size, bool)
+        for lo, hi in itertools.pairwise(cuts):
+            if r2.random() < 0.2:
+                continue  # a chunk whose rows are all dropped: no call
+            sr._trade_volume_nb(
+                tts, tiid, tpx, tsz, bounds, act, at[lo:hi], out[lo:hi], tc, close_vol, st, cum
+            )
+            called[lo:hi] = True
+        assert out[called].tobytes() == plain(at[called]).tobytes()
+        last = at[np.flatnonzero(called)[-1]]
+        passed = tc <= last
+        assert close_vol[passed].tobytes() == plain(tc[passed]).tobytes()
+        assert not close_vol[~passed].any()  # not reached: left unset
+
+
+def test_plan_context_kernel_is_the_last_closed_bar_form() -> None:
+    """``SnapshotPlan.context`` (a forward merge over the closing rows) gives exactly what the
+    NumPy form it replaced gave (``last_closed_bar``, clipped to 0 where none, kept where a bar
+    is closed and its context defined): bars closing on the same row, before the first row,
+    after the last, chunks starting anywhere, with and without output buffers."""
+    from fx_assets.core.snapshot_features import last_closed_bar
+
+    rng = np.random.default_rng(31)
+    n_rows, n_bars = 5000, 700
+    close_rows = np.sort(rng.integers(0, n_rows + 40, n_bars)).astype(np.int64)
+    close_rows[:5] = 0  # several bars closing on the first row
+    close_rows[100:110] = close_rows[100]
+    bar_ok = rng.random(n_bars) < 0.9
+    plan = sr.SnapshotPlan(
+        n_rows, close_rows, [], np.empty((n_bars, 0)), bar_ok, 0
+    )  # only close_rows and bar_ok matter here
+    bufs = (np.ones(6000, np.bool_), np.full(6000, -9, np.int64))
+    for row0, m in ((0, 1), (0, 700), (1, 50), (37, 1200), (2500, 2500), (4990, 10), (n_rows, 5)):
+        j = last_closed_bar(close_rows, m, row0)
+        has = j >= 0
+        want_jj = np.where(has, j, 0)
+        want_keep = has & bar_ok[want_jj]
+        for out in (None, bufs):
+            keep, jj, n_keep = plan.context(row0, m, out)
+            assert keep.tobytes() == want_keep.tobytes() and jj.tobytes() == want_jj.tobytes(), (row0, m)
+            assert n_keep == int(want_keep.sum())
