@@ -201,13 +201,18 @@ def _trade_volume_nb(
     the rows, walked the quarter's trades twice). A bar that is closed for a row closes at or
     before the row's ``ts_recv``, so its ``close_vol`` is set before the row needs it. ``st`` =
     [next trade, interval index, next bar] and ``cum[0]`` = the running volume, carried from
-    call to call; the sums run over the same trades in the same order either way (same bits)."""
+    call to call; the sums run over the same trades in the same order either way (same bits).
+    A trade out of ``ts_recv`` order (before the previous one, or after the last record, which
+    the session table was built to cover) stops the merge with its index in ``st[3]`` (-1:
+    none; the outputs are then incomplete)."""
     i = st[0]
     k = st[1]
     jb = st[2]
     n = tts.shape[0]
     nb = tc.shape[0]
     c = cum[0]
+    prev = tts[i - 1] if i > 0 else tts[0] if n else 0
+    t_end = tts[n - 1] if n else 0
     for r in range(at.shape[0]):
         t = at[r]
         while True:
@@ -215,7 +220,16 @@ def _trade_volume_nb(
             closing = jb < nb and tc[jb] <= t
             u = tc[jb] if closing else t
             while i < n and tts[i] <= u:
-                ok, k = _active_at(bounds, act, tts[i], int(tiid[i]), k)
+                x = tts[i]
+                if x < prev or x > t_end:
+                    st[0] = i
+                    st[1] = k
+                    st[2] = jb
+                    st[3] = i
+                    cum[0] = c
+                    return
+                prev = x
+                ok, k = _active_at(bounds, act, x, int(tiid[i]), k)
                 p = tpx[i]
                 if ok and p != UNDEF_PRICE and p > 0 and tsz[i] > 0:
                     c += tsz[i]
@@ -356,13 +370,19 @@ class _TradeVolume:
     memory-mapped trades sidecar (one forward merge; pages released behind it)."""
 
     def __init__(self, trades: Path | str, book: BookSource, ts_close: I64) -> None:
+        self.path = Path(trades)
         self.cols = sidecar_columns(trades, ["ts_recv", "instrument_id", "price", "size"])
-        self.bounds, self.act, _ = _active_table(book.calendar, self.cols["ts_recv"])
+        tts = self.cols["ts_recv"]
+        # The session table from the first and last records (the merge checks the order of
+        # every trade it reads, so these bound them): no pass over the column for its min
+        # and max (0.06 s on the scale-1 quarter's 27.6 M trades).
+        span = (int(tts[0]), int(tts[-1])) if tts.size else None
+        self.bounds, self.act, _ = _active_table(book.calendar, tts, span)
         self.tc = ts_close
         # per bar: the volume to its close, set once the merge passes it (read only for bars
         # closed before a row, which it has passed by then)
         self.close_vol = np.zeros(ts_close.shape[0])
-        self.st = np.zeros(3, np.int64)
+        self.st = np.array([0, 0, 0, -1], np.int64)
         self.cum = np.zeros(1)
         self.releaser = PageReleaser(list(self.cols.values()))
 
@@ -375,6 +395,8 @@ class _TradeVolume:
             c["ts_recv"], c["instrument_id"], c["price"], c["size"], self.bounds, self.act,
             np.ascontiguousarray(at, dtype=np.int64), o, self.tc, self.close_vol, self.st, self.cum,
         )  # fmt: skip
+        if self.st[3] >= 0:
+            raise FxDataError(f"{self.path}: trades are not in ts_recv order at record {int(self.st[3])}")
         self.releaser.release_before(int(self.st[0]))
         return o
 

@@ -499,7 +499,7 @@ def test_trade_volume_merge_gives_row_and_bar_close_volumes_bit_for_bit() -> Non
         r2 = np.random.default_rng(seed)
         cuts = np.unique(np.concatenate([[0, at.size], r2.integers(0, at.size, 40)]))
         close_vol = np.zeros(tc.size)
-        st, cum = np.zeros(3, np.int64), np.zeros(1)
+        st, cum = np.array([0, 0, 0, -1], np.int64), np.zeros(1)
         out = np.full(at.size, np.nan)
         called = np.zeros(at.size, bool)
         for lo, hi in itertools.pairwise(cuts):
@@ -514,6 +514,37 @@ def test_trade_volume_merge_gives_row_and_bar_close_volumes_bit_for_bit() -> Non
         passed = tc <= last
         assert close_vol[passed].tobytes() == plain(tc[passed]).tobytes()
         assert not close_vol[~passed].any()  # not reached: left unset
+        assert st[3] == -1
+
+    # out of ts_recv order: a trade before the previous one, or after the last record (the
+    # session table covers the first to the last record): the merge stops there and says where
+    for bad, edit in (
+        (7000, lambda x: x.__setitem__(7000, x[6990] - 1)),
+        (n - 1, lambda x: x.__setitem__(n - 1, x[5000])),
+    ):
+        tb = tts.copy()
+        edit(tb)
+        st, cum = np.array([0, 0, 0, -1], np.int64), np.zeros(1)
+        sr._trade_volume_nb(
+            tb, tiid, tpx, tsz, bounds, act, at, np.empty(at.size), tc, np.zeros(tc.size), st, cum
+        )
+        first = bad if bad < n - 1 else int(np.argmax(tb > tb[-1]))
+        assert st[3] == first, (st, first)
+
+
+def test_trades_out_of_order_are_refused(quarter: Quarter, tmp_path: Path) -> None:
+    """The bar progress merge reads the trades in ts_recv order: a trades sidecar that is not
+    (two records swapped) is refused, naming the first record read out of order."""
+
+    def swap(cols: dict[str, np.ndarray]) -> None:
+        i = cols["ts_recv"].shape[0] // 3
+        while cols["ts_recv"][i + 1] == cols["ts_recv"][i]:
+            i += 1
+        cols["ts_recv"][[i, i + 1]] = cols["ts_recv"][[i + 1, i]]
+
+    tr = _rewrite_sidecar(quarter.trades, tmp_path / "swapped.arrow", swap)
+    with pytest.raises(FxDataError, match=r"swapped.arrow: trades are not in ts_recv order at record \d+"):
+        rows_of(quarter, trades=tr)
 
 
 def test_plan_context_kernel_is_the_last_closed_bar_form() -> None:
