@@ -308,35 +308,17 @@ def bench_volume_bars(peer: Peer, p: dict[str, Any], rounds: int, work: Path) ->
     }
 
 
-def _fx_cusum(price: np.ndarray, sigma: np.ndarray, session: np.ndarray, h: float) -> np.ndarray:
-    """Log returns (numpy; finmlkit computes them inside its call too) + the CUSUM kernel of the
-    bar features, asked for its event-flag column only (a filter needs no direction / age
-    columns; the bar-feature table asks for all three). ``sigma`` (ones: threshold = h) and
-    ``session`` (one session) stand for the inputs the pipeline already holds (EWMA volatility,
-    session ids), so they are made outside."""
-    from fx_assets.core.bar_features import _EMPTY, _cusum_into_nb
-
-    r = np.empty_like(price)
-    r[0] = 0.0
-    np.divide(price[1:], price[:-1], out=r[1:])
-    np.log(r[1:], out=r[1:])
-    ev = np.empty_like(r)
-    _cusum_into_nb(r, sigma, session, h, ev, _EMPTY, _EMPTY)
-    return np.flatnonzero(ev)
-
-
 def bench_cusum(peer: Peer, price_path: str, rounds: int, work: Path) -> dict[str, Any]:
+    from fx_assets.core.bar_features import cusum_filter
+
     price = np.load(price_path)
     n = price.shape[0]
-    sigma, session = np.ones(n), np.zeros(n, np.int32)
     args = {"price": price_path, "threshold": CUSUM_THRESHOLD}
     fx_out: dict[str, Any] = {}
     peer_out: dict[str, Any] = {}
     res = alternate(
         {
-            "fx_assets": lambda: _timed_round(
-                lambda: _fx_cusum(price, sigma, session, CUSUM_THRESHOLD), fx_out
-            ),
+            "fx_assets": lambda: _timed_round(lambda: cusum_filter(price, CUSUM_THRESHOLD), fx_out),
             "finmlkit": lambda: _peer_round(peer, "finmlkit_cusum", args, peer_out),
         },
         rounds,

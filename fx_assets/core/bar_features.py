@@ -1389,6 +1389,58 @@ def bollinger_pctb(o: F64, c: F64, inst: np.ndarray, w: int, k: float) -> F64:
     return _bb_pctb_nb(o, c, inst, w, float(k))
 
 
+@njit(cache=True, nogil=True)
+def _cusum_filter_nb(price, h, out):
+    """Event indices of the symmetric CUSUM filter with constant threshold ``h`` on log prices
+    into ``out``; their count, or ``-(j + 1)`` for the first ``price[j]`` that is not positive
+    and finite. The increment ``log(p_j / p_{j-1})`` is taken inline (no return series in
+    memory) and the recursion is ``_cusum_into_nb``'s with one session and ``k * sigma = h``:
+    the same events as that kernel on ``math.log`` returns."""
+    sp = 0.0
+    sm = 0.0
+    n = 0
+    if price.shape[0] and not (price[0] > 0.0 and price[0] - price[0] == 0.0):
+        return -1
+    for j in range(1, price.shape[0]):
+        p = price[j]
+        if not (p > 0.0 and p - p == 0.0):
+            return -(j + 1)
+        if p == price[j - 1]:
+            # r = log(1) = 0 exactly: the sums keep their values (sp >= 0 >= sm) and, both
+            # inside the threshold after the last step, fire nothing; most trades repeat a price
+            continue
+        r = math.log(p / price[j - 1])
+        sp = max(0.0, sp + r)
+        sm = min(0.0, sm + r)
+        if sm < -h:
+            sm = 0.0
+            out[n] = j
+            n += 1
+        elif sp > h:
+            sp = 0.0
+            out[n] = j
+            n += 1
+    return n
+
+
+def cusum_filter(price: F64, threshold: float) -> npt.NDArray[np.int64]:
+    """Indices ``j`` where the symmetric CUSUM of log price increments crosses ``threshold``
+    (the filter of López de Prado, AFML 2.5.2.1, with a constant threshold; the same events
+    as the ``cusum_event`` bar feature with one session and ``cusum_k * sigma = threshold``).
+    ``price``: one series, positive and finite; ``threshold`` in log-return units."""
+    if not (math.isfinite(threshold) and threshold > 0):
+        raise FxDataError(f"CUSUM filter: threshold = {threshold!r} must be finite and > 0")
+    p = np.ascontiguousarray(price, dtype=np.float64)
+    if p.ndim != 1:
+        raise FxDataError(f"CUSUM filter: price has shape {p.shape}, expected one series")
+    out = np.empty(max(p.shape[0] - 1, 0), dtype=np.int64)  # untouched pages cost nothing
+    n = _cusum_filter_nb(p, float(threshold), out)
+    if n < 0:
+        j = -n - 1
+        raise FxDataError(f"CUSUM filter: price[{j}] = {float(p[j])!r} is not a positive finite price")
+    return out[:n].copy()
+
+
 # Below this many bars per thread one call is faster than starting threads.
 _MIN_BARS_PER_THREAD = 50_000
 

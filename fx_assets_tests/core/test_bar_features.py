@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -533,3 +534,41 @@ def test_arrow_roundtrip_time_features_and_bad_input() -> None:
     bad = BarTable(**{**bars.columns(), "close": np.r_[bars.close[:5], -1.0, bars.close[6:]]})
     with pytest.raises(FxDataError, match="'close' bar 5"):
         compute_bar_features(bad)
+
+
+def test_cusum_filter_matches_the_bar_feature_kernel_on_math_log_returns() -> None:
+    """``cusum_filter`` (log increments inline, repeated prices skipped) gives the events of
+    ``_cusum_into_nb`` with one session and sigma 1 on the returns ``math.log`` gives."""
+    from fx_assets.core.bar_features import _EMPTY, _cusum_into_nb, cusum_filter
+
+    rng = np.random.default_rng(7)
+    # trade prices on a tick grid (runs of repeats), and a continuous walk (both sums live)
+    grid = 4000.0 + np.cumsum(rng.choice([-2, -1, 0, 0, 0, 1, 2], size=20_000) * 0.25)
+    walk = 4000.0 * np.exp(np.cumsum(rng.normal(0.0, 3e-4, size=20_000)))
+    for price, h in itertools.product((grid, walk), (0.0001, 0.0005, 0.002)):
+        r = np.array([0.0] + [math.log(price[j] / price[j - 1]) for j in range(1, price.size)])
+        ev = np.empty_like(r)
+        _cusum_into_nb(r, np.ones(r.size), np.zeros(r.size, np.int32), h, ev, _EMPTY, _EMPTY)
+        want = np.flatnonzero(ev)
+        got = cusum_filter(price, h)
+        assert want.size > 20
+        np.testing.assert_array_equal(got, want)
+    assert cusum_filter(np.array([]), 0.1).size == 0
+    assert cusum_filter(np.array([5.0]), 0.1).size == 0
+
+
+@pytest.mark.parametrize(
+    ("price", "where"),
+    [
+        ([1.0, 2.0, float("nan")], "price[2] = nan"),
+        ([0.0, 1.0], "price[0] = 0.0"),
+        ([1.0, -1.0], "price[1] = -1.0"),
+    ],
+)
+def test_cusum_filter_refuses_a_bad_price_naming_it(price: list[float], where: str) -> None:
+    from fx_assets.core.bar_features import cusum_filter
+
+    with pytest.raises(FxDataError, match=re.escape(where)):
+        cusum_filter(np.array(price), 0.01)
+    with pytest.raises(FxDataError, match="threshold"):
+        cusum_filter(np.array([1.0, 2.0]), float("inf"))
