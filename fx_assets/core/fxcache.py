@@ -104,20 +104,47 @@ I64 = npt.NDArray[np.int64]
 # --- bf16 -----------------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _bf16_of(b: np.uint32) -> np.uint16:
+    """bf16 bits of one float32's raw bits, rounded to nearest, ties to even (``f32_to_bf16_bits``'s
+    integer operations: for a non-NaN, bits + 0x7FFF + lsb stays below 2^32 (only NaN patterns
+    are that high), so no wrap-around differs; a NaN keeps its top half with the quiet bit set)."""
+    if (b & np.uint32(0x7F800000)) == np.uint32(0x7F800000) and (b & np.uint32(0x007FFFFF)) != 0:
+        return np.uint16((b >> np.uint32(16)) | np.uint32(0x0040))
+    lsb = (b >> np.uint32(16)) & np.uint32(1)
+    return np.uint16(((b + np.uint32(0x7FFF) + lsb) >> np.uint32(16)) & np.uint32(0xFFFF))
+
+
 @njit(cache=True, nogil=True)
 def _bf16_bits_nb(bits: npt.NDArray[np.uint32], out: npt.NDArray[np.uint16]) -> None:
     """``f32_to_bf16_bits`` on raw float32 bits (1-D), one pass (the NumPy form makes five
-    temporaries of the block: 0.55 s of the scale-1 snapshot fxcache's bf16 write). The same
-    integer operations: for a non-NaN, bits + 0x7FFF + lsb stays below 2^32 (only NaN
-    patterns are that high), so no wrap-around differs; a NaN keeps its top half with the
-    quiet bit set."""
+    temporaries of the block: 0.55 s of the scale-1 snapshot fxcache's bf16 write)."""
     for i in range(bits.shape[0]):
-        b = np.uint32(bits[i])
-        if (b & np.uint32(0x7F800000)) == np.uint32(0x7F800000) and (b & np.uint32(0x007FFFFF)) != 0:
-            out[i] = np.uint16((b >> np.uint32(16)) | np.uint32(0x0040))
-        else:
-            lsb = (b >> np.uint32(16)) & np.uint32(1)
-            out[i] = np.uint16(((b + np.uint32(0x7FFF) + lsb) >> np.uint32(16)) & np.uint32(0xFFFF))
+        out[i] = _bf16_of(np.uint32(bits[i]))
+
+
+@njit(cache=True, nogil=True)
+def _bf16_rows_nb(bits: npt.NDArray[np.uint32], out: npt.NDArray[np.uint16], nv: int) -> bool:
+    """The bf16 bits of a [m, w] float32 block (raw bits) into ``out``, and whether any of its
+    first ``nv`` columns is stored non-finite (exponent bits all ones: rounding can overflow to
+    inf): the writer's conversion and finite screen in one pass, without the block-sized
+    temporaries of converting and then testing a strided slice."""
+    bad = False
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            h = _bf16_of(np.uint32(bits[i, j]))
+            out[i, j] = h
+            bad |= (j < nv) & ((h & np.uint16(0x7F80)) == np.uint16(0x7F80))
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _first_decrease_nb(t: npt.NDArray[np.int64]) -> int:
+    """The first ``i`` with ``t[i] < t[i - 1]``, else -1 (no ``np.diff`` temporary)."""
+    for i in range(1, t.shape[0]):
+        if t[i] < t[i - 1]:
+            return i
+    return -1
 
 
 def f32_to_bf16_bits(x: npt.ArrayLike) -> npt.NDArray[np.uint16]:
@@ -593,6 +620,7 @@ class FxCacheWriter:
         self._hash = {r: checksum.new_hasher() for r in ("ts", "price", "values")}
         # price / value chunk buffers, one set per fill slot (two when chunks are filled ahead)
         self._bufs: list[tuple[F64 | None, npt.NDArray[Any]]] = []
+        self._bf16_buf = np.empty((0, 0), dtype=np.uint16)  # bf16 bits of the chunk being written
         self._done = False
         #: the header written by :meth:`finish` (its region checksums are those of the bytes
         #: that were checked in memory), None before
@@ -700,9 +728,9 @@ class FxCacheWriter:
             prev = self._last_ts
             if prev is not None and t[0] < prev:
                 raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0}")
-            bad = np.flatnonzero(np.diff(t) < 0)
-            if bad.size:
-                raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0 + int(bad[0]) + 1}")
+            bad = _first_decrease_nb(t)
+            if bad >= 0:
+                raise FxDataError(f"{self.path}: ts decreases at {self.row_label} {r0 + bad}")
             self._last_ts = int(t[-1])
         self._write("ts", self._ts_off + 8 * r0, t.astype("<i8", copy=False).data.cast("B"))
         if stored is not None:
@@ -716,8 +744,11 @@ class FxCacheWriter:
         nv = self._nf + self._no
         if self.dtype == "bf16":
             # rounding to bf16 can overflow to inf and flush to zero: check the bits as stored
-            vals = f32_to_bf16_bits(filled)
-            nonfinite = not _all_finite(vals[:, :nv], "bf16")
+            # (one buffer, reused: the chunk is written before the next one is converted)
+            if self._bf16_buf.shape[0] < m or self._bf16_buf.shape[1] != filled.shape[1]:
+                self._bf16_buf = np.empty((max(m, self.chunk_rows), filled.shape[1]), dtype=np.uint16)
+            vals = self._bf16_buf[:m]
+            nonfinite = bool(_bf16_rows_nb(filled.view(np.uint32), vals, nv))
             ofi_nonzero = bool(self._no) and bool(np.any((vals[:, self._nf : nv] & np.uint16(0x7FFF)) != 0))
         else:
             # the fill kernel saw every value as stored (cast to the block's dtype)

@@ -585,6 +585,11 @@ def test_incremental_writer_refuses_wrong_row_counts_order_and_groups(tmp_path: 
         with fxcache.FxCacheWriter(p, names, "f32", KEY, 6) as w:
             w.append(ts[2:5], {g: v[:3] for g, (_, v) in cols.items()})
             w.append(ts[:3], {g: v[:3] for g, (_, v) in cols.items()})
+    swapped = ts[:6].copy()
+    swapped[4], swapped[3] = swapped[3], swapped[4]  # row 4 before row 3's time, inside a chunk
+    with pytest.raises(FxDataError, match="ts decreases at row 4"):
+        with fxcache.FxCacheWriter(p, names, "f32", KEY, 6) as w:
+            w.append(swapped, {g: v[:6] for g, (_, v) in cols.items()})
     with pytest.raises(FxDataError, match="without group 'ofi'"):
         with fxcache.FxCacheWriter(p, names, "f32", KEY, 2) as w:
             w.append(ts[:2], {"feature": cols["feature"][1][:2], "price": cols["price"][1][:2]})
@@ -672,3 +677,32 @@ def test_bf16_kernel_is_the_numpy_rounding() -> None:
     g = f[:100_000].reshape(1000, 100)
     assert f32_to_bf16_bits(g).tobytes() == numpy_form(g.copy()).tobytes()
     assert f32_to_bf16_bits(g).shape == (1000, 100)
+
+
+def test_bf16_rows_kernel_converts_and_screens_the_stored_columns() -> None:
+    """The writer's one-pass bf16 conversion gives ``f32_to_bf16_bits``'s bits and flags a
+    non-finite stored value exactly when one lies in the first ``nv`` columns (padding
+    columns after them are not screened)."""
+    from fx_assets.core.fxcache import _bf16_rows_nb
+
+    rng = np.random.default_rng(11)
+    clean = rng.normal(0.0, 1e3, size=(500, 24)).astype(np.float32)
+    for nv, plant, want in [
+        (20, None, False),
+        (20, (7, 3), True),
+        (20, (7, 21), False),
+        (24, (499, 23), True),
+    ]:
+        f = clean.copy()
+        if plant is not None:
+            f[plant] = np.float32(3.4e38)  # rounds past the largest bf16: inf as stored
+        out = np.empty(f.shape, dtype=np.uint16)
+        got = _bf16_rows_nb(f.view(np.uint32), out, nv)
+        assert out.tobytes() == f32_to_bf16_bits(f).tobytes()
+        assert bool(got) is want
+    pats = rng.integers(0, 2**32, (300, 16), dtype=np.uint64).astype(np.uint32)
+    out = np.empty(pats.shape, dtype=np.uint16)
+    flag = _bf16_rows_nb(pats, out, 16)
+    ref = f32_to_bf16_bits(pats.view(np.float32))
+    assert out.tobytes() == ref.tobytes()
+    assert bool(flag) == bool(np.any((ref & np.uint16(0x7F80)) == np.uint16(0x7F80)))
