@@ -40,7 +40,6 @@ import glob
 import hashlib
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ from benchmarks.common import (
     ensure_market,
     in_subprocess,
     market_config,
+    source_at,
     target,
     write_result,
 )
@@ -260,19 +260,10 @@ _BASELINE: dict[str, Any] = {}  # "book", "scan": the baseline's modules; "ref",
 def load_baseline(ref: str) -> None:
     """Import ``core/book.py`` and ``core/snapshot_features.py`` as they are at git revision
     ``ref`` (from a temporary directory, under their own module names) as the ``baseline``."""
-    repo = Path(__file__).resolve().parents[1]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
     tmp = Path(tempfile.mkdtemp(prefix="bench_snapshot_baseline_"))
-    for key, rel in (("book", "fx_assets/core/book.py"), ("scan", "fx_assets/core/snapshot_features.py")):
-        src = subprocess.run(
-            ["git", "show", f"{commit}:{rel}"], cwd=repo, check=True, capture_output=True, text=True
-        ).stdout
+    keys = ("book", "scan")
+    commit, srcs = source_at(ref, ["fx_assets/core/book.py", "fx_assets/core/snapshot_features.py"])
+    for key, src in zip(keys, srcs, strict=True):
         name = f"_bench_baseline_{key}_{commit[:12]}"
         path = tmp / f"{name}.py"
         path.write_text(src)

@@ -135,6 +135,25 @@ def machine() -> dict[str, Any]:
     }
 
 
+def source_at(ref: str, paths: list[str]) -> tuple[str, list[str]]:
+    """(the commit ``ref`` names, the text of each repository path at that commit): what the
+    same-process A/B benchmarks import as their baseline."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    texts = [
+        subprocess.run(
+            ["git", "show", f"{commit}:{rel}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+        for rel in paths
+    ]
+    return commit, texts
+
+
 def git_commit() -> str:
     """The fx_assets commit the benchmark ran on (``+dirty`` when tracked code differs)."""
     try:

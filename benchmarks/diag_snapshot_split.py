@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_snapshot as bs
-from benchmarks.common import command_line, load_average, write_result
+from benchmarks.common import command_line, load_average, source_at, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = "fx_assets/core/snapshot_features.py"
@@ -112,16 +111,7 @@ def _source(ref: str | None) -> tuple[str, str]:
     """(source of the scan module at ``ref`` or in this tree, label)."""
     if ref is None:
         return (REPO / MODULE).read_text(), "this tree"
-    commit = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    src = subprocess.run(
-        ["git", "show", f"{commit}:{MODULE}"], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout
+    commit, (src,) = source_at(ref, [MODULE])
     return src, commit
 
 

@@ -59,15 +59,7 @@ def _mark_snapshot_bars_nb(
             j += 1
             steps += 1
         if not ((j == 0 or ts_close[j - 1] < t) and (j == nb or ts_close[j] >= t)):
-            lo = 0
-            hi = nb
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if ts_close[mid] < t:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            j = lo
+            j = np.searchsorted(ts_close, t)
         if j < nb:
             has[j] = True
 

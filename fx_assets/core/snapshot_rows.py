@@ -340,15 +340,7 @@ def _context_nb(
     merge over the non-decreasing ``close_rows`` from a binary search for ``row0`` (the
     per-chunk ``np.diff`` check, ``searchsorted`` and masks walked all 680 k bars per chunk)."""
     nb = close_rows.shape[0]
-    lo = 0
-    hi = nb
-    while lo < hi:  # bars with close_rows < row0
-        mid = (lo + hi) >> 1
-        if close_rows[mid] < row0:
-            lo = mid + 1
-        else:
-            hi = mid
-    p = lo
+    p = np.searchsorted(close_rows, row0)  # bars with close_rows < row0
     cnt = 0
     for r in range(jj.shape[0]):
         row = row0 + r
