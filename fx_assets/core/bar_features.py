@@ -1216,13 +1216,32 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
         out[j] = best
 
 
-@njit(cache=True, nogil=True)
-def _trend_tvalue_rows4_nb(r, lmin, lmax, clip, lo, hi, out):
-    """``_trend_tvalue_rows_nb`` four bars at a time, bit for bit: each bar's sums are the same
-    additions in the same order, but the four bars' running sums are independent, so the CPU
-    overlaps them instead of waiting on one chain of dependent additions (the sums are
-    latency-bound one bar at a time). The last ``< 4`` rows go through the one-bar kernel."""
-    y = np.empty((lmax, 4), np.float64)
+# Bars per block of the trend kernel: its (lmax x block) trailing log prices and six block-long
+# sums stay in L1 (64 bars x 20 lengths: 10 KB).
+_TREND_BLOCK = 64
+
+
+# error_model="numpy": a float division by zero gives inf / NaN instead of raising, so the
+# compiler may vectorise the divisions (the python model tests every divisor). The only
+# division by a possible zero is the t of a length whose s^2 is not > 0, computed and then
+# discarded by the select (the one-bar kernel does not compute it); every division whose result
+# is used has the one-bar kernel's non-zero divisor (L >= 3, so L - 2 >= 1 and sxx > 0).
+@njit(cache=True, nogil=True, error_model="numpy")
+def _trend_tvalue_block_nb(r, lmin, lmax, clip, lo, hi, out):
+    """``_trend_tvalue_rows_nb`` on blocks of ``_TREND_BLOCK`` bars, bit for bit: for each bar
+    the same operations in the same order (every sum over m for one L is still added m = 0, 1,
+    ... into its own accumulator), but with the bars of a block in the innermost loops, where
+    the compiler runs several bars' operations in one vector instruction (IEEE operations per
+    lane: the same roundings). The per-bar kernel's time was its divisions and square roots
+    (six per length and bar) and its chains of dependent additions; here both are vector wide."""
+    nbk = _TREND_BLOCK
+    Y = np.empty((lmax, nbk), np.float64)  # Y[m, q] = ln C_{j-m} - ln C_j of bar j = j0 + q
+    acc = np.empty(nbk, np.float64)
+    ym = np.empty(nbk, np.float64)
+    sxy = np.empty(nbk, np.float64)
+    sse = np.empty(nbk, np.float64)
+    beta = np.empty(nbk, np.float64)
+    best = np.empty(nbk, np.float64)
     sxx_of = np.zeros(lmax + 1, np.float64)
     for L in range(lmin, lmax + 1):
         xm = -(L - 1) / 2.0
@@ -1231,75 +1250,62 @@ def _trend_tvalue_rows4_nb(r, lmin, lmax, clip, lo, hi, out):
             dx = -m - xm
             sxx += dx * dx
         sxx_of[L] = sxx
-    j = max(lo, lmax - 1)
-    while j + 4 <= hi:
-        for q in range(4):
-            y[0, q] = 0.0
+    j0 = max(lo, lmax - 1)
+    while j0 < hi:
+        nb = min(nbk, hi - j0)
+        y0 = Y[0]
+        for q in range(nb):
+            y0[q] = 0.0
+        acc[:nb] = 0.0
+        best[:nb] = 0.0
         for m in range(1, lmax):
-            for q in range(4):
-                y[m, q] = y[m - 1, q] - r[j + q - m + 1]
-        best0 = 0.0
-        best1 = 0.0
-        best2 = 0.0
-        best3 = 0.0
-        acc0 = 0.0
-        acc1 = 0.0
-        acc2 = 0.0
-        acc3 = 0.0
+            yp = Y[m - 1]
+            yc = Y[m]
+            rs = r[j0 - m + 1 : j0 - m + 1 + nb]
+            for q in range(nb):
+                yc[q] = yp[q] - rs[q]
         for m in range(lmin - 1):
-            acc0 += y[m, 0]
-            acc1 += y[m, 1]
-            acc2 += y[m, 2]
-            acc3 += y[m, 3]
+            yc = Y[m]
+            for q in range(nb):
+                acc[q] += yc[q]
         for L in range(lmin, lmax + 1):
             xm = -(L - 1) / 2.0
-            acc0 += y[L - 1, 0]
-            acc1 += y[L - 1, 1]
-            acc2 += y[L - 1, 2]
-            acc3 += y[L - 1, 3]
-            ym0 = acc0 / L
-            ym1 = acc1 / L
-            ym2 = acc2 / L
-            ym3 = acc3 / L
+            yl = Y[L - 1]
+            fl = float(L)
+            fl2 = float(L - 2)
+            for q in range(nb):
+                acc[q] += yl[q]
+            for q in range(nb):
+                ym[q] = acc[q] / fl
+            sxy[:nb] = 0.0
+            sse[:nb] = 0.0
             sxx = sxx_of[L]
-            sxy0 = 0.0
-            sxy1 = 0.0
-            sxy2 = 0.0
-            sxy3 = 0.0
             for m in range(L):
                 dx = -m - xm
-                sxy0 += dx * (y[m, 0] - ym0)
-                sxy1 += dx * (y[m, 1] - ym1)
-                sxy2 += dx * (y[m, 2] - ym2)
-                sxy3 += dx * (y[m, 3] - ym3)
-            beta0 = sxy0 / sxx
-            beta1 = sxy1 / sxx
-            beta2 = sxy2 / sxx
-            beta3 = sxy3 / sxx
-            sse0 = 0.0
-            sse1 = 0.0
-            sse2 = 0.0
-            sse3 = 0.0
+                yc = Y[m]
+                for q in range(nb):
+                    sxy[q] += dx * (yc[q] - ym[q])
+            for q in range(nb):
+                beta[q] = sxy[q] / sxx
             for m in range(L):
-                e0 = y[m, 0] - ym0 - beta0 * (-m - xm)
-                e1 = y[m, 1] - ym1 - beta1 * (-m - xm)
-                e2 = y[m, 2] - ym2 - beta2 * (-m - xm)
-                e3 = y[m, 3] - ym3 - beta3 * (-m - xm)
-                sse0 += e0 * e0
-                sse1 += e1 * e1
-                sse2 += e2 * e2
-                sse3 += e3 * e3
-            best0 = _trend_pick(best0, beta0, sse0, L, sxx, clip)
-            best1 = _trend_pick(best1, beta1, sse1, L, sxx, clip)
-            best2 = _trend_pick(best2, beta2, sse2, L, sxx, clip)
-            best3 = _trend_pick(best3, beta3, sse3, L, sxx, clip)
-        out[j] = best0
-        out[j + 1] = best1
-        out[j + 2] = best2
-        out[j + 3] = best3
-        j += 4
-    if j < hi:
-        _trend_tvalue_rows_nb(r, lmin, lmax, clip, j, hi, out)
+                dx = -m - xm
+                yc = Y[m]
+                for q in range(nb):
+                    e = yc[q] - ym[q] - beta[q] * dx
+                    sse[q] += e * e
+            for q in range(nb):
+                # _trend_pick without branches (so that it vectorises): the same values
+                bq = beta[q]
+                s2 = sse[q] / fl2
+                tm = bq / math.sqrt(s2 / sxx)  # used only where s2 > 0
+                ta = clip if bq > 0.0 else (-clip if bq < 0.0 else 0.0)
+                t = tm if s2 > 0.0 else ta
+                t = min(max(t, -clip), clip)
+                bb = best[q]
+                best[q] = t if abs(t) > abs(bb) else bb
+        for q in range(nb):
+            out[j0 + q] = best[q]
+        j0 += nb
 
 
 # --- indicator wrappers (validate, then one kernel pass) -------------------------------------
@@ -1454,12 +1460,12 @@ def _trend_tvalue(r: F64, lmin: int, lmax: int, clip: float) -> F64:
     parts = max(1, min(int(numba.get_num_threads()), nb // _MIN_BARS_PER_THREAD))
     cuts = [nb * p // parts for p in range(parts + 1)]
     if parts == 1:
-        _trend_tvalue_rows4_nb(r, lmin, lmax, clip, 0, nb, out)
+        _trend_tvalue_block_nb(r, lmin, lmax, clip, 0, nb, out)
         return out
     with ThreadPoolExecutor(parts) as pool:
         list(
             pool.map(
-                lambda p: _trend_tvalue_rows4_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
+                lambda p: _trend_tvalue_block_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
             )
         )
     return out
