@@ -158,34 +158,31 @@ def _rv_nb(r, w):
     return out
 
 
-@njit(cache=True)
-def _rv4_nb(r, w):
-    """``_rv_nb`` four bars at a time, bit for bit: each window's sum is the same additions in
-    the same order; the four independent sums overlap in the CPU instead of one dependent
-    chain at a time. The last ``< 4`` bars one at a time."""
+# Bars per block of the rolling-window kernels (_rv_block_nb, _rolling_z_block_nb): a block's
+# sums (2 KB) and its slice of the input stay in L1 while the window slides over them.
+_WINDOW_BLOCK = 256
+
+
+@njit(cache=True, error_model="numpy")
+def _rv_block_nb(r, w):
+    """``_rv_nb`` on blocks of ``_WINDOW_BLOCK`` bars, bit for bit: each bar's window sum is the
+    same additions in the same order (m = j-w+1 .. j), but the loop over the block's bars is
+    the inner one, so the compiler adds several bars' sums in one vector instruction (IEEE
+    operations per lane: the same roundings) instead of one dependent chain at a time."""
     n = r.shape[0]
     out = np.full(n, np.nan)
-    j = w - 1
-    while j + 4 <= n:
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            s0 += r[m] * r[m]
-            s1 += r[m + 1] * r[m + 1]
-            s2 += r[m + 2] * r[m + 2]
-            s3 += r[m + 3] * r[m + 3]
-        out[j] = math.sqrt(s0)
-        out[j + 1] = math.sqrt(s1)
-        out[j + 2] = math.sqrt(s2)
-        out[j + 3] = math.sqrt(s3)
-        j += 4
-    for jj in range(max(j, w - 1), n):
-        s = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            s += r[m] * r[m]
-        out[jj] = math.sqrt(s)
+    s = np.empty(_WINDOW_BLOCK, np.float64)
+    j0 = w - 1
+    while j0 < n:
+        k = min(_WINDOW_BLOCK, n - j0)
+        s[:k] = 0.0
+        for m in range(w):
+            rs = r[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                s[q] += rs[q] * rs[q]
+        for q in range(k):
+            out[j0 + q] = math.sqrt(s[q])
+        j0 += k
     return out
 
 
@@ -1040,61 +1037,41 @@ def _rolling_z_nb(x, w):
     return out
 
 
-@njit(cache=True, inline="always")
-def _z_of(x, mu, v, w):
-    sd = math.sqrt(v / w)
-    return (x - mu) / sd if sd > 0.0 else 0.0
-
-
-@njit(cache=True)
-def _rolling_z4_nb(x, w):
-    """``_rolling_z_nb`` four bars at a time, bit for bit (each window's sums are the same
-    additions in the same order; four independent chains overlap). Last ``< 4`` bars singly."""
+# error_model="numpy": the z of a window whose std is 0 is divided by zero (inf / NaN, no
+# exception) and then discarded by the select, so that the divisions vectorise.
+@njit(cache=True, error_model="numpy")
+def _rolling_z_block_nb(x, w):
+    """``_rolling_z_nb`` on blocks of ``_WINDOW_BLOCK`` bars, bit for bit: each window's sum and
+    squared deviations are the same additions in the same order, with the block's bars in the
+    inner (vectorised) loops, as in :func:`_rv_block_nb`."""
     nb = x.shape[0]
     out = np.full(nb, np.nan)
-    j = w - 1
-    while j + 4 <= nb:
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            s0 += x[m]
-            s1 += x[m + 1]
-            s2 += x[m + 2]
-            s3 += x[m + 3]
-        mu0 = s0 / w
-        mu1 = s1 / w
-        mu2 = s2 / w
-        mu3 = s3 / w
-        v0 = 0.0
-        v1 = 0.0
-        v2 = 0.0
-        v3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            d0 = x[m] - mu0
-            d1 = x[m + 1] - mu1
-            d2 = x[m + 2] - mu2
-            d3 = x[m + 3] - mu3
-            v0 += d0 * d0
-            v1 += d1 * d1
-            v2 += d2 * d2
-            v3 += d3 * d3
-        out[j] = _z_of(x[j], mu0, v0, w)
-        out[j + 1] = _z_of(x[j + 1], mu1, v1, w)
-        out[j + 2] = _z_of(x[j + 2], mu2, v2, w)
-        out[j + 3] = _z_of(x[j + 3], mu3, v3, w)
-        j += 4
-    for jj in range(max(j, w - 1), nb):
-        s = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            s += x[m]
-        mu = s / w
-        v = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            d = x[m] - mu
-            v += d * d
-        out[jj] = _z_of(x[jj], mu, v, w)
+    s = np.empty(_WINDOW_BLOCK, np.float64)
+    mu = np.empty(_WINDOW_BLOCK, np.float64)
+    v = np.empty(_WINDOW_BLOCK, np.float64)
+    fw = float(w)
+    j0 = w - 1
+    while j0 < nb:
+        k = min(_WINDOW_BLOCK, nb - j0)
+        s[:k] = 0.0
+        for m in range(w):
+            xs = x[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                s[q] += xs[q]
+        for q in range(k):
+            mu[q] = s[q] / fw
+        v[:k] = 0.0
+        for m in range(w):
+            xs = x[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                d = xs[q] - mu[q]
+                v[q] += d * d
+        for q in range(k):
+            # _rolling_z_nb's z without its branch: the same value
+            sd = math.sqrt(v[q] / fw)
+            z = (x[j0 + q] - mu[q]) / sd
+            out[j0 + q] = z if sd > 0.0 else 0.0
+        j0 += k
     return out
 
 
@@ -1764,7 +1741,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("vz", lambda: _rolling_z4_nb(x.log_volume(), c.z_window)),
+            lambda x: x.get("vz", lambda: _rolling_z_block_nb(x.log_volume(), c.z_window)),
         ),
         FeatureSpec(
             "buy_volume_frac",
@@ -1788,7 +1765,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("dz", lambda: _rolling_z4_nb(x.log_duration(), c.z_window)),
+            lambda x: x.get("dz", lambda: _rolling_z_block_nb(x.log_duration(), c.z_window)),
         ),
         FeatureSpec(
             "time_of_day_sin",
@@ -1828,7 +1805,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
 
 def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
     def kernel(x: _Ctx) -> F64:
-        return x.get(f"rv_{w}", lambda: _rv4_nb(x.returns()[0], w))
+        return x.get(f"rv_{w}", lambda: _rv_block_nb(x.returns()[0], w))
 
     return kernel
 

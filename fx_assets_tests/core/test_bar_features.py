@@ -269,19 +269,27 @@ def test_trend_tvalue_block_kernel_is_the_one_bar_kernel_bit_for_bit(lmin: int, 
 
 
 @pytest.mark.parametrize("w", [2, 5, 50])
-def test_rolling_z_and_rv_four_bars_at_a_time_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
-    """The 4-lane z-score and realized-vol kernels (what the features use) against the one-bar
-    kernels: every bar bit for bit, for lengths that leave 0-3 bars to the one-bar tail (and
-    shorter than the window), with a NaN, constant stretches (std 0 -> z 0) and large values."""
-    from fx_assets.core.bar_features import _rolling_z4_nb, _rolling_z_nb, _rv4_nb, _rv_nb
+def test_rolling_z_and_rv_block_kernels_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
+    """The block z-score and realized-vol kernels (what the features use: a block's bars in the
+    vectorised inner loops) against the one-bar kernels: every bar bit for bit, for lengths of
+    whole blocks, partial last blocks and shorter than the window, with a NaN, constant
+    stretches (std 0 -> z 0) and large values."""
+    from fx_assets.core.bar_features import (
+        _WINDOW_BLOCK,
+        _rolling_z_block_nb,
+        _rolling_z_nb,
+        _rv_block_nb,
+        _rv_nb,
+    )
 
     rng = np.random.default_rng(17)
     x = rng.normal(3.0, 1.5, 2000)
     x[300:400] = 2.5  # constant: std 0
     x[700] = 1e12
     x[900] = np.nan
-    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1):
-        for fast, slow in ((_rolling_z4_nb, _rolling_z_nb), (_rv4_nb, _rv_nb)):
+    b = _WINDOW_BLOCK
+    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1, w - 1 + b, w + b, w - 2 + 2 * b):
+        for fast, slow in ((_rolling_z_block_nb, _rolling_z_nb), (_rv_block_nb, _rv_nb)):
             want, got = slow(x[:n], w), fast(x[:n], w)
             assert got.tobytes() == want.tobytes(), (fast.__name__, n)
     z = _rolling_z_nb(x, w)
