@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1476,7 +1476,28 @@ class _Ctx:
     def get(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self._memo:
             self._memo[key] = fn()
-        return self._memo[key]
+        value = self._memo[key]
+        if isinstance(value, Future):  # started ahead on another thread (start_trend)
+            value = self._memo[key] = value.result()
+        return value
+
+    def trend(self) -> F64:
+        c = self.cfg
+        return self.get(
+            "trend",
+            lambda: _trend_tvalue(self.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
+        )
+
+    def start_trend(self, pool: ThreadPoolExecutor) -> None:
+        """Compute the trend t-values on ``pool`` while this thread computes the other features
+        (:meth:`trend` then waits for them): they are the largest single kernel, and nothing
+        else depends on them."""
+        if "trend" not in self._memo:
+            c = self.cfg
+            r = self.returns()[0]
+            self._memo["trend"] = pool.submit(
+                _trend_tvalue, r, c.trend_min_len, c.trend_max_len, c.trend_t_clip
+            )
 
     def returns(self) -> tuple[F64, F64, np.ndarray, F64]:
         b = self.bars
@@ -1722,10 +1743,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.trend_max_len + 1,
             c.trend_max_len - 1,
             (-c.trend_t_clip, c.trend_t_clip),
-            lambda x: x.get(
-                "trend",
-                lambda: _trend_tvalue(x.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
-            ),
+            lambda x: x.trend(),
         ),
         FeatureSpec(
             "log_volume",
@@ -1926,9 +1944,13 @@ def compute_bar_features(
         full = BarTable.concat([warmup, bars])
     ctx = _Ctx(full, cfg)
     cols: dict[str, F64] = {}
-    for spec in build_registry(cfg):
-        values = np.asarray(spec.kernel(ctx), dtype=np.float64)
-        cols[spec.name] = np.ascontiguousarray(values[n_prior:])
+    # The trend t-values (threaded over blocks themselves) run beside the other features, which
+    # are one thread each: on two cores the stage's wall is then about the larger of the two.
+    with ThreadPoolExecutor(1, thread_name_prefix="bar-features-trend") as pool:
+        ctx.start_trend(pool)
+        for spec in build_registry(cfg):
+            values = np.asarray(spec.kernel(ctx), dtype=np.float64)
+            cols[spec.name] = np.ascontiguousarray(values[n_prior:])
     return FeatureTable(
         ts_close=np.ascontiguousarray(bars.ts_close, dtype=np.int64),
         columns=cols,
