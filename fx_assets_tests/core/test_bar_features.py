@@ -239,6 +239,10 @@ def test_trend_tvalue_block_kernel_is_the_one_bar_kernel_bit_for_bit(lmin: int, 
     r[400] = 1e-300
     r[500] = np.nan
     r[600:602] = -1e-4  # a short linear stretch: the pick of a shorter length
+    # a steep fall, then a slow linear rise: with a small clip, +clip at the short lengths and
+    # -clip at the long ones (a tie of |t| between different values: the shorter L is kept)
+    r[700:715] = -1.0
+    r[715:720] = 1e-3
     b = _TREND_BLOCK
     ranges = (
         (0, 3000),
@@ -250,14 +254,15 @@ def test_trend_tvalue_block_kernel_is_the_one_bar_kernel_bit_for_bit(lmin: int, 
         (lmax - 1, lmax - 1 + b),  # exactly one block
         (lmax - 1, lmax - 1 + 2 * b + 1),  # two blocks and one row
     )
-    for lo, hi in ranges:
-        want = np.full(3000, np.nan)
-        got = np.full(3000, np.nan)
-        _trend_tvalue_rows_nb(r, lmin, lmax, 50.0, lo, hi, want)
-        _trend_tvalue_block_nb(r, lmin, lmax, 50.0, lo, hi, got)
-        assert got.tobytes() == want.tobytes(), (lo, hi)
-        if (lo, hi) == (0, 3000):
-            assert np.isfinite(want).sum() > 2000 and (np.abs(want) == 50.0).any() and (want == 0.0).any()
+    for clip in (50.0, 2.0):
+        for lo, hi in ranges:
+            want = np.full(3000, np.nan)
+            got = np.full(3000, np.nan)
+            _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, want)
+            _trend_tvalue_block_nb(r, lmin, lmax, clip, lo, hi, got)
+            assert got.tobytes() == want.tobytes(), (clip, lo, hi)
+            if (lo, hi) == (0, 3000):
+                assert np.isfinite(want).sum() > 2000 and (np.abs(want) == clip).any() and (want == 0.0).any()
     # the quarter-sized path (threads over contiguous cuts) against one call of the one-bar kernel
     from fx_assets.core.bar_features import _trend_tvalue
 
