@@ -41,7 +41,8 @@ Fast path from fxcache files
 :meth:`DeviceStore.add_fxcache` / :meth:`DeviceStore.add_fxcaches` read the price and value
 blocks of fxcache files straight into a pool of pinned chunk buffers with several threads
 (``os.preadv``: the copy out of the page cache runs outside the GIL), and copy each filled
-buffer to the device on a dedicated CUDA stream while the threads fill the next ones. Each
+buffer to the device on a dedicated CUDA stream while the threads fill the next ones (each copy
+and its two timing events queued through the CUDA driver with the GIL held, ``core.cuda_copy``). Each
 chunk is also fed, in file order per block, to that block's XXH3-128 hasher on a second thread
 pool (chunks go round robin over the blocks, so several blocks hash at once), and a block whose
 digest differs from the file's is an ``FxCacheError`` before anything is registered: the bytes
@@ -72,6 +73,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fx_assets.core import calendar, checksum
+from fx_assets.core.cuda_copy import TimedCopies
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import FxCache, checksum_mismatch, open_fxcache
 
@@ -873,6 +875,10 @@ class DeviceStore:
 
         timings: list[tuple[Any, Any, int]] = []
         last_hash: dict[int, Any] = {}
+        # the copies and their timing events go through the driver with the GIL held
+        # (core/cuda_copy.py says why); torch's calls where the driver API is not at hand
+        use_driver = cuda and TimedCopies.available(stream.device.index)
+        timed = TimedCopies(stream.cuda_stream) if use_driver else None
         try:
             with (
                 ThreadPoolExecutor(max_workers=n_threads) as ex,
@@ -892,19 +898,27 @@ class DeviceStore:
                     else:
                         assert scratch is not None
                         dst = scratch[:nbytes]
-                    ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
-                    ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
-                    with torch.cuda.stream(stream) if cuda else _nullctx():
-                        if ev0 is not None:
-                            ev0.record(stream)
-                        dst.copy_(src, non_blocking=cuda)
-                        if ev1 is not None:
-                            ev1.record(stream)
-                        if not r.direct:
-                            r.dest[i:j].copy_(_decode_wire(dst, r.src, j - i, r.w))
-                        if ev1 is not None:
-                            timings.append((ev0, ev1, nbytes))
-                    done[b] = ev1
+                    if timed is not None:
+                        timed.copy(dst.data_ptr(), src.data_ptr(), nbytes)
+                        with torch.cuda.stream(stream):
+                            if not r.direct:
+                                r.dest[i:j].copy_(_decode_wire(dst, r.src, j - i, r.w))
+                            done[b] = torch.cuda.Event()
+                            done[b].record(stream)
+                    else:
+                        ev0 = torch.cuda.Event(enable_timing=True) if cuda else None
+                        ev1 = torch.cuda.Event(enable_timing=True) if cuda else None
+                        with torch.cuda.stream(stream) if cuda else _nullctx():
+                            if ev0 is not None:
+                                ev0.record(stream)
+                            dst.copy_(src, non_blocking=cuda)
+                            if ev1 is not None:
+                                ev1.record(stream)
+                            if not r.direct:
+                                r.dest[i:j].copy_(_decode_wire(dst, r.src, j - i, r.w))
+                            if ev1 is not None:
+                                timings.append((ev0, ev1, nbytes))
+                        done[b] = ev1
                     nxt = ci + n_buf
                     if nxt < len(chunks):
                         futs[nxt] = ex.submit(read, nxt, b)
@@ -918,10 +932,16 @@ class DeviceStore:
                 r.hasher.update(os.pread(fd_of(sp.path), r.end - lo, lo))
                 if r.hasher.digest() != r.digest:
                     raise checksum_mismatch(sp.path, r.name, r.offset, r.end)
+            st = self._stats
+            if timed is not None:
+                busy, moved = timed.busy_seconds()
+                st.h2d_seconds += busy
+                st.h2d_bytes += moved
         finally:
             for fd in fds.values():
                 os.close(fd)
-        st = self._stats
+            if timed is not None:
+                timed.close()
         st.chunks += len(chunks)
         for ev0, ev1, nbytes in timings:
             st.h2d_seconds += ev0.elapsed_time(ev1) / 1e3
