@@ -407,13 +407,17 @@ def quarter_ofi(
     for k in range(len(plans) - 2, -1, -1):
         first_rec[k] = [min(a, b) for a, b in zip(first_rec[k], first_rec[k + 1], strict=True)]
     buffers = threading.local()  # one _BookBuffers per thread, reused by its chunks
+    # Sized once for the chunk with the most records (an active row is one of them): the
+    # buffers never grow, and pages no chunk writes are never touched.
+    most = max((sum(hi - lo for lo, hi in p[6]) for p in plans), default=0)
 
     result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
 
     def run_chunk(k: int) -> None:
         b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
         if not hasattr(buffers, "book"):
-            buffers.book = _BookBuffers()
+            buffers.book = _BookBuffers(small_pages=True)
+            buffers.book.reserve(most, levels, most)
         parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
         book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
         part = ofi_core.compute_ofi_features(
