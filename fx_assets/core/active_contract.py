@@ -540,11 +540,20 @@ def _flow_range_nb(
     o_ts: I64,
     o_sz: F64,
     o_sg: npt.NDArray[np.int8],
+    o_cv: F64,
+    o_cd: F64,
+    acc: F64,
+    first: bool,
 ) -> int:
     """The kept trades of records ``lo:hi`` (``_active_keep_nb``'s rule) written as
-    ``_flow_write_nb`` writes them, from row 0 of the outputs; their count."""
+    ``_flow_write_nb`` writes them, from row 0 of the outputs; their count. With them, the
+    cumulative volume and signed volume (``o_cv``, ``o_cd``) as ``ofi._trade_prep_nb`` adds
+    them up, carried in ``acc`` (volume, signed volume) from an earlier call; ``first``: these
+    are the first trades of the sums (assigned, not added, as that pass does at row 0)."""
     j = 0
     k = 0
+    v = acc[0]
+    d = acc[1]
     for i in range(lo, hi):
         t = ts[i]
         if t <= after:
@@ -555,8 +564,21 @@ def _flow_range_nb(
             o_ts[j] = t
             o_sz[j] = size[i]
             c = side[i]
-            o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+            g = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+            o_sg[j] = g
+            x = o_sz[j]
+            xd = x * float(g)
+            if first and j == 0:
+                v = x
+                d = xd
+            else:
+                v += x
+                d += xd
+            o_cv[j] = v
+            o_cd[j] = d
             j += 1
+    acc[0] = v
+    acc[1] = d
     return j
 
 
@@ -581,14 +603,22 @@ class TradeSidecar:
         ts = self.columns["ts_recv"]
         return int(np.searchsorted(ts, lo_t, side="right")), int(np.searchsorted(ts, hi_t, side="right"))
 
-    def window(self, lo: int, hi: int, o_ts: I64, o_sz: F64, o_sg: npt.NDArray[np.int8]) -> int:
-        """The kept trades of records ``lo:hi`` into the outputs (from row 0; room for
-        ``hi - lo``); their count."""
+    def window(
+        self,
+        lo: int,
+        hi: int,
+        out: tuple[I64, F64, npt.NDArray[np.int8], F64, F64],
+        acc: F64,
+        first: bool,
+    ) -> int:
+        """The kept trades of records ``lo:hi`` into ``out`` (ts, size, sign, cumulative
+        volume and signed volume; from row 0, room for ``hi - lo``), the sums carried in
+        ``acc`` (see ``_flow_range_nb``); their count."""
         c = self.columns
         after = np.iinfo(np.int64).min if self.after_ts is None else int(self.after_ts)
         n = _flow_range_nb(
             c["ts_recv"], c["instrument_id"], c["price"], c["size"], c["side"], self.bounds,
-            self.active, after, lo, hi, o_ts, o_sz, o_sg,
+            self.active, after, lo, hi, *out, acc, first,
         )  # fmt: skip
         return int(n)
 

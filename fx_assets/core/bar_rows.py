@@ -275,18 +275,22 @@ _TradeSource = ActiveTrades | TradeFlow | TradeSidecar
 
 
 class _TradeBuffers:
-    """One thread's trade window (ts, size, sign), reused from chunk to chunk (numba's
-    allocator, as the flow's outputs): a chunk's ``TradeArrays`` are views into it."""
+    """One thread's trade window (ts, size, sign and the cumulative volumes), reused from chunk
+    to chunk (numba's allocator, as the flow's outputs): a chunk's trades are views into it."""
 
     def __init__(self) -> None:
         self.cap = -1
-        self.ts, self.size, self.sign = _flow_outputs_nb(0)
+        self.take(0)
 
-    def take(self, n: int) -> tuple[I64, F64, npt.NDArray[np.int8]]:
+    def take(self, n: int) -> tuple[I64, F64, npt.NDArray[np.int8], F64, F64]:
         if n > self.cap:
             self.cap = max(n, int(self.cap * 1.25))
-            self.ts, self.size, self.sign = _flow_outputs_nb(self.cap)
-        return self.ts, self.size, self.sign
+            self.cols = (
+                *_flow_outputs_nb(self.cap),
+                ofi_core._empty_1d(self.cap),
+                ofi_core._empty_1d(self.cap),
+            )
+        return self.cols
 
 
 def _trade_slices(
@@ -294,7 +298,9 @@ def _trade_slices(
 ) -> ofi_core.TradeArrays:
     """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
     when one in-memory source holds them, else a copy of only those trades (no prices: OFI
-    reads none), into ``buffers`` when given; a :class:`TradeSidecar`'s are written out there."""
+    reads none), into ``buffers`` when given. A :class:`TradeSidecar`'s are written out there;
+    when every source is one, the result is an ``ofi.PreparedTrades`` (its cumulative
+    volumes written with the trades, over the sources in order)."""
     in_memory = [t for t in sources if not isinstance(t, TradeSidecar)]
     if len(in_memory) == len(sources):
         spans = [
@@ -316,13 +322,15 @@ def _trade_slices(
         for t in sources
     ]
     room = sum(max(hi - lo, 0) for lo, hi in ranges)
-    o_ts, o_sz, o_sg = (buffers or _TradeBuffers()).take(room)
+    cols = (buffers or _TradeBuffers()).take(room)
+    o_ts, o_sz, o_sg = cols[:3]
+    acc = np.zeros(2)  # the running sums, carried from one source to the next
     j = 0
     for src, (lo, hi) in zip(sources, ranges, strict=True):
         if hi <= lo:
             continue
         if isinstance(src, TradeSidecar):
-            j += src.window(lo, hi, o_ts[j:], o_sz[j:], o_sg[j:])
+            j += src.window(lo, hi, tuple(c[j:] for c in cols), acc, j == 0)  # type: ignore[arg-type]
         else:
             m = hi - lo
             o_ts[j : j + m], o_sz[j : j + m], o_sg[j : j + m] = (
@@ -331,7 +339,9 @@ def _trade_slices(
                 src.sign[lo:hi],
             )
             j += m
-    return ofi_core.TradeArrays(o_ts[:j], None, o_sz[:j], o_sg[:j])
+    if in_memory:  # (their sums are not written: compute_ofi_features adds them up)
+        return ofi_core.TradeArrays(o_ts[:j], None, o_sz[:j], o_sg[:j])
+    return ofi_core.PreparedTrades(o_ts[:j], None, o_sz[:j], o_sg[:j], cols[3][:j], cols[4][:j])
 
 
 def quarter_ofi(

@@ -17,6 +17,7 @@ import pytest
 
 from fx_assets.core import active_contract as act
 from fx_assets.core import bar_rows, dbn, sidecar
+from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import quarter_roll_calendar
 from fx_assets.core.calendar import session_day
 from fx_assets.core.dbn import UNDEF_PRICE, px_to_float
@@ -146,8 +147,28 @@ def _windows_equal(src: Any, flow: act.TradeFlow, ts: np.ndarray) -> int:
         assert got.price is None
         for g, w, name in zip((got.ts, got.size, got.sign), want, ("ts", "size", "sign"), strict=True):
             assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), f"{name} of ({lo_t}, {hi_t}]"
+        assert isinstance(got, ofi_core.PreparedTrades) == isinstance(src, act.TradeSidecar)
+        if isinstance(got, ofi_core.PreparedTrades):
+            _sums_equal_the_prep_pass(got)
         kept += got.ts.size
+    # Two sources in one window (the previous quarter's tail and the quarter, in the stage):
+    # the sums run on from the first source's trades into the second's.
+    two = bar_rows._trade_slices([src, src], at[3], at[6], buf)
+    one = _window(flow, at[3], at[6])
+    assert two.ts.tobytes() == np.concatenate([one[0], one[0]]).tobytes()
+    if isinstance(two, ofi_core.PreparedTrades):
+        _sums_equal_the_prep_pass(two, sorted_ts=False)
     return kept
+
+
+def _sums_equal_the_prep_pass(got: ofi_core.PreparedTrades, sorted_ts: bool = True) -> None:
+    """The sums written with the trades are ``ofi._trade_prep_nb``'s, bit for bit, and the
+    checks that pass skips hold."""
+    n = got.ts.size
+    cumv, cumd, bad = np.empty(n), np.empty(n), np.full(4, -1, np.int64)
+    ofi_core._trade_prep_nb(got.ts, got.size, got.sign, cumv, cumd, bad)
+    assert got.cumv.tobytes() == cumv.tobytes() and got.cumd.tobytes() == cumd.tobytes()
+    assert bad[1:].tolist() == [-1, -1, -1] and (bad[0] == -1 or not sorted_ts)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
