@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,34 +158,31 @@ def _rv_nb(r, w):
     return out
 
 
-@njit(cache=True)
-def _rv4_nb(r, w):
-    """``_rv_nb`` four bars at a time, bit for bit: each window's sum is the same additions in
-    the same order; the four independent sums overlap in the CPU instead of one dependent
-    chain at a time. The last ``< 4`` bars one at a time."""
+# Bars per block of the rolling-window kernels (_rv_block_nb, _rolling_z_block_nb): a block's
+# sums (2 KB) and its slice of the input stay in L1 while the window slides over them.
+_WINDOW_BLOCK = 256
+
+
+@njit(cache=True, error_model="numpy")
+def _rv_block_nb(r, w):
+    """``_rv_nb`` on blocks of ``_WINDOW_BLOCK`` bars, bit for bit: each bar's window sum is the
+    same additions in the same order (m = j-w+1 .. j), but the loop over the block's bars is
+    the inner one, so the compiler adds several bars' sums in one vector instruction (IEEE
+    operations per lane: the same roundings) instead of one dependent chain at a time."""
     n = r.shape[0]
     out = np.full(n, np.nan)
-    j = w - 1
-    while j + 4 <= n:
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            s0 += r[m] * r[m]
-            s1 += r[m + 1] * r[m + 1]
-            s2 += r[m + 2] * r[m + 2]
-            s3 += r[m + 3] * r[m + 3]
-        out[j] = math.sqrt(s0)
-        out[j + 1] = math.sqrt(s1)
-        out[j + 2] = math.sqrt(s2)
-        out[j + 3] = math.sqrt(s3)
-        j += 4
-    for jj in range(max(j, w - 1), n):
-        s = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            s += r[m] * r[m]
-        out[jj] = math.sqrt(s)
+    s = np.empty(_WINDOW_BLOCK, np.float64)
+    j0 = w - 1
+    while j0 < n:
+        k = min(_WINDOW_BLOCK, n - j0)
+        s[:k] = 0.0
+        for m in range(w):
+            rs = r[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                s[q] += rs[q] * rs[q]
+        for q in range(k):
+            out[j0 + q] = math.sqrt(s[q])
+        j0 += k
     return out
 
 
@@ -1040,61 +1037,41 @@ def _rolling_z_nb(x, w):
     return out
 
 
-@njit(cache=True, inline="always")
-def _z_of(x, mu, v, w):
-    sd = math.sqrt(v / w)
-    return (x - mu) / sd if sd > 0.0 else 0.0
-
-
-@njit(cache=True)
-def _rolling_z4_nb(x, w):
-    """``_rolling_z_nb`` four bars at a time, bit for bit (each window's sums are the same
-    additions in the same order; four independent chains overlap). Last ``< 4`` bars singly."""
+# error_model="numpy": the z of a window whose std is 0 is divided by zero (inf / NaN, no
+# exception) and then discarded by the select, so that the divisions vectorise.
+@njit(cache=True, error_model="numpy")
+def _rolling_z_block_nb(x, w):
+    """``_rolling_z_nb`` on blocks of ``_WINDOW_BLOCK`` bars, bit for bit: each window's sum and
+    squared deviations are the same additions in the same order, with the block's bars in the
+    inner (vectorised) loops, as in :func:`_rv_block_nb`."""
     nb = x.shape[0]
     out = np.full(nb, np.nan)
-    j = w - 1
-    while j + 4 <= nb:
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            s0 += x[m]
-            s1 += x[m + 1]
-            s2 += x[m + 2]
-            s3 += x[m + 3]
-        mu0 = s0 / w
-        mu1 = s1 / w
-        mu2 = s2 / w
-        mu3 = s3 / w
-        v0 = 0.0
-        v1 = 0.0
-        v2 = 0.0
-        v3 = 0.0
-        for m in range(j - w + 1, j + 1):
-            d0 = x[m] - mu0
-            d1 = x[m + 1] - mu1
-            d2 = x[m + 2] - mu2
-            d3 = x[m + 3] - mu3
-            v0 += d0 * d0
-            v1 += d1 * d1
-            v2 += d2 * d2
-            v3 += d3 * d3
-        out[j] = _z_of(x[j], mu0, v0, w)
-        out[j + 1] = _z_of(x[j + 1], mu1, v1, w)
-        out[j + 2] = _z_of(x[j + 2], mu2, v2, w)
-        out[j + 3] = _z_of(x[j + 3], mu3, v3, w)
-        j += 4
-    for jj in range(max(j, w - 1), nb):
-        s = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            s += x[m]
-        mu = s / w
-        v = 0.0
-        for m in range(jj - w + 1, jj + 1):
-            d = x[m] - mu
-            v += d * d
-        out[jj] = _z_of(x[jj], mu, v, w)
+    s = np.empty(_WINDOW_BLOCK, np.float64)
+    mu = np.empty(_WINDOW_BLOCK, np.float64)
+    v = np.empty(_WINDOW_BLOCK, np.float64)
+    fw = float(w)
+    j0 = w - 1
+    while j0 < nb:
+        k = min(_WINDOW_BLOCK, nb - j0)
+        s[:k] = 0.0
+        for m in range(w):
+            xs = x[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                s[q] += xs[q]
+        for q in range(k):
+            mu[q] = s[q] / fw
+        v[:k] = 0.0
+        for m in range(w):
+            xs = x[j0 - w + 1 + m : j0 - w + 1 + m + k]
+            for q in range(k):
+                d = xs[q] - mu[q]
+                v[q] += d * d
+        for q in range(k):
+            # _rolling_z_nb's z without its branch: the same value
+            sd = math.sqrt(v[q] / fw)
+            z = (x[j0 + q] - mu[q]) / sd
+            out[j0 + q] = z if sd > 0.0 else 0.0
+        j0 += k
     return out
 
 
@@ -1216,13 +1193,32 @@ def _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, out):
         out[j] = best
 
 
-@njit(cache=True, nogil=True)
-def _trend_tvalue_rows4_nb(r, lmin, lmax, clip, lo, hi, out):
-    """``_trend_tvalue_rows_nb`` four bars at a time, bit for bit: each bar's sums are the same
-    additions in the same order, but the four bars' running sums are independent, so the CPU
-    overlaps them instead of waiting on one chain of dependent additions (the sums are
-    latency-bound one bar at a time). The last ``< 4`` rows go through the one-bar kernel."""
-    y = np.empty((lmax, 4), np.float64)
+# Bars per block of the trend kernel: its (lmax x block) trailing log prices and six block-long
+# sums stay in L1 (64 bars x 20 lengths: 10 KB).
+_TREND_BLOCK = 64
+
+
+# error_model="numpy": a float division by zero gives inf / NaN instead of raising, so the
+# compiler may vectorise the divisions (the python model tests every divisor). The only
+# division by a possible zero is the t of a length whose s^2 is not > 0, computed and then
+# discarded by the select (the one-bar kernel does not compute it); every division whose result
+# is used has the one-bar kernel's non-zero divisor (L >= 3, so L - 2 >= 1 and sxx > 0).
+@njit(cache=True, nogil=True, error_model="numpy")
+def _trend_tvalue_block_nb(r, lmin, lmax, clip, lo, hi, out):
+    """``_trend_tvalue_rows_nb`` on blocks of ``_TREND_BLOCK`` bars, bit for bit: for each bar
+    the same operations in the same order (every sum over m for one L is still added m = 0, 1,
+    ... into its own accumulator), but with the bars of a block in the innermost loops, where
+    the compiler runs several bars' operations in one vector instruction (IEEE operations per
+    lane: the same roundings). The per-bar kernel's time was its divisions and square roots
+    (six per length and bar) and its chains of dependent additions; here both are vector wide."""
+    nbk = _TREND_BLOCK
+    Y = np.empty((lmax, nbk), np.float64)  # Y[m, q] = ln C_{j-m} - ln C_j of bar j = j0 + q
+    acc = np.empty(nbk, np.float64)
+    ym = np.empty(nbk, np.float64)
+    sxy = np.empty(nbk, np.float64)
+    sse = np.empty(nbk, np.float64)
+    beta = np.empty(nbk, np.float64)
+    best = np.empty(nbk, np.float64)
     sxx_of = np.zeros(lmax + 1, np.float64)
     for L in range(lmin, lmax + 1):
         xm = -(L - 1) / 2.0
@@ -1231,75 +1227,62 @@ def _trend_tvalue_rows4_nb(r, lmin, lmax, clip, lo, hi, out):
             dx = -m - xm
             sxx += dx * dx
         sxx_of[L] = sxx
-    j = max(lo, lmax - 1)
-    while j + 4 <= hi:
-        for q in range(4):
-            y[0, q] = 0.0
+    j0 = max(lo, lmax - 1)
+    while j0 < hi:
+        nb = min(nbk, hi - j0)
+        y0 = Y[0]
+        for q in range(nb):
+            y0[q] = 0.0
+        acc[:nb] = 0.0
+        best[:nb] = 0.0
         for m in range(1, lmax):
-            for q in range(4):
-                y[m, q] = y[m - 1, q] - r[j + q - m + 1]
-        best0 = 0.0
-        best1 = 0.0
-        best2 = 0.0
-        best3 = 0.0
-        acc0 = 0.0
-        acc1 = 0.0
-        acc2 = 0.0
-        acc3 = 0.0
+            yp = Y[m - 1]
+            yc = Y[m]
+            rs = r[j0 - m + 1 : j0 - m + 1 + nb]
+            for q in range(nb):
+                yc[q] = yp[q] - rs[q]
         for m in range(lmin - 1):
-            acc0 += y[m, 0]
-            acc1 += y[m, 1]
-            acc2 += y[m, 2]
-            acc3 += y[m, 3]
+            yc = Y[m]
+            for q in range(nb):
+                acc[q] += yc[q]
         for L in range(lmin, lmax + 1):
             xm = -(L - 1) / 2.0
-            acc0 += y[L - 1, 0]
-            acc1 += y[L - 1, 1]
-            acc2 += y[L - 1, 2]
-            acc3 += y[L - 1, 3]
-            ym0 = acc0 / L
-            ym1 = acc1 / L
-            ym2 = acc2 / L
-            ym3 = acc3 / L
+            yl = Y[L - 1]
+            fl = float(L)
+            fl2 = float(L - 2)
+            for q in range(nb):
+                acc[q] += yl[q]
+            for q in range(nb):
+                ym[q] = acc[q] / fl
+            sxy[:nb] = 0.0
+            sse[:nb] = 0.0
             sxx = sxx_of[L]
-            sxy0 = 0.0
-            sxy1 = 0.0
-            sxy2 = 0.0
-            sxy3 = 0.0
             for m in range(L):
                 dx = -m - xm
-                sxy0 += dx * (y[m, 0] - ym0)
-                sxy1 += dx * (y[m, 1] - ym1)
-                sxy2 += dx * (y[m, 2] - ym2)
-                sxy3 += dx * (y[m, 3] - ym3)
-            beta0 = sxy0 / sxx
-            beta1 = sxy1 / sxx
-            beta2 = sxy2 / sxx
-            beta3 = sxy3 / sxx
-            sse0 = 0.0
-            sse1 = 0.0
-            sse2 = 0.0
-            sse3 = 0.0
+                yc = Y[m]
+                for q in range(nb):
+                    sxy[q] += dx * (yc[q] - ym[q])
+            for q in range(nb):
+                beta[q] = sxy[q] / sxx
             for m in range(L):
-                e0 = y[m, 0] - ym0 - beta0 * (-m - xm)
-                e1 = y[m, 1] - ym1 - beta1 * (-m - xm)
-                e2 = y[m, 2] - ym2 - beta2 * (-m - xm)
-                e3 = y[m, 3] - ym3 - beta3 * (-m - xm)
-                sse0 += e0 * e0
-                sse1 += e1 * e1
-                sse2 += e2 * e2
-                sse3 += e3 * e3
-            best0 = _trend_pick(best0, beta0, sse0, L, sxx, clip)
-            best1 = _trend_pick(best1, beta1, sse1, L, sxx, clip)
-            best2 = _trend_pick(best2, beta2, sse2, L, sxx, clip)
-            best3 = _trend_pick(best3, beta3, sse3, L, sxx, clip)
-        out[j] = best0
-        out[j + 1] = best1
-        out[j + 2] = best2
-        out[j + 3] = best3
-        j += 4
-    if j < hi:
-        _trend_tvalue_rows_nb(r, lmin, lmax, clip, j, hi, out)
+                dx = -m - xm
+                yc = Y[m]
+                for q in range(nb):
+                    e = yc[q] - ym[q] - beta[q] * dx
+                    sse[q] += e * e
+            for q in range(nb):
+                # _trend_pick without branches (so that it vectorises): the same values
+                bq = beta[q]
+                s2 = sse[q] / fl2
+                tm = bq / math.sqrt(s2 / sxx)  # used only where s2 > 0
+                ta = clip if bq > 0.0 else (-clip if bq < 0.0 else 0.0)
+                t = tm if s2 > 0.0 else ta
+                t = min(max(t, -clip), clip)
+                bb = best[q]
+                best[q] = t if abs(t) > abs(bb) else bb
+        for q in range(nb):
+            out[j0 + q] = best[q]
+        j0 += nb
 
 
 # --- indicator wrappers (validate, then one kernel pass) -------------------------------------
@@ -1454,12 +1437,12 @@ def _trend_tvalue(r: F64, lmin: int, lmax: int, clip: float) -> F64:
     parts = max(1, min(int(numba.get_num_threads()), nb // _MIN_BARS_PER_THREAD))
     cuts = [nb * p // parts for p in range(parts + 1)]
     if parts == 1:
-        _trend_tvalue_rows4_nb(r, lmin, lmax, clip, 0, nb, out)
+        _trend_tvalue_block_nb(r, lmin, lmax, clip, 0, nb, out)
         return out
     with ThreadPoolExecutor(parts) as pool:
         list(
             pool.map(
-                lambda p: _trend_tvalue_rows4_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
+                lambda p: _trend_tvalue_block_nb(r, lmin, lmax, clip, cuts[p], cuts[p + 1], out), range(parts)
             )
         )
     return out
@@ -1493,7 +1476,28 @@ class _Ctx:
     def get(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self._memo:
             self._memo[key] = fn()
-        return self._memo[key]
+        value = self._memo[key]
+        if isinstance(value, Future):  # started ahead on another thread (start_trend)
+            value = self._memo[key] = value.result()
+        return value
+
+    def trend(self) -> F64:
+        c = self.cfg
+        return self.get(
+            "trend",
+            lambda: _trend_tvalue(self.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
+        )
+
+    def start_trend(self, pool: ThreadPoolExecutor) -> None:
+        """Compute the trend t-values on ``pool`` while this thread computes the other features
+        (:meth:`trend` then waits for them): they are the largest single kernel, and nothing
+        else depends on them."""
+        if "trend" not in self._memo:
+            c = self.cfg
+            r = self.returns()[0]
+            self._memo["trend"] = pool.submit(
+                _trend_tvalue, r, c.trend_min_len, c.trend_max_len, c.trend_t_clip
+            )
 
     def returns(self) -> tuple[F64, F64, np.ndarray, F64]:
         b = self.bars
@@ -1739,10 +1743,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.trend_max_len + 1,
             c.trend_max_len - 1,
             (-c.trend_t_clip, c.trend_t_clip),
-            lambda x: x.get(
-                "trend",
-                lambda: _trend_tvalue(x.returns()[0], c.trend_min_len, c.trend_max_len, c.trend_t_clip),
-            ),
+            lambda x: x.trend(),
         ),
         FeatureSpec(
             "log_volume",
@@ -1758,7 +1759,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("vz", lambda: _rolling_z4_nb(x.log_volume(), c.z_window)),
+            lambda x: x.get("vz", lambda: _rolling_z_block_nb(x.log_volume(), c.z_window)),
         ),
         FeatureSpec(
             "buy_volume_frac",
@@ -1782,7 +1783,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
             c.z_window,
             c.z_window - 1,
             (-zb - eps, zb + eps),
-            lambda x: x.get("dz", lambda: _rolling_z4_nb(x.log_duration(), c.z_window)),
+            lambda x: x.get("dz", lambda: _rolling_z_block_nb(x.log_duration(), c.z_window)),
         ),
         FeatureSpec(
             "time_of_day_sin",
@@ -1822,7 +1823,7 @@ def build_registry(config: BarFeatureConfig | None = None) -> list[FeatureSpec]:
 
 def _rv_kernel(w: int) -> Callable[[_Ctx], F64]:
     def kernel(x: _Ctx) -> F64:
-        return x.get(f"rv_{w}", lambda: _rv4_nb(x.returns()[0], w))
+        return x.get(f"rv_{w}", lambda: _rv_block_nb(x.returns()[0], w))
 
     return kernel
 
@@ -1943,9 +1944,13 @@ def compute_bar_features(
         full = BarTable.concat([warmup, bars])
     ctx = _Ctx(full, cfg)
     cols: dict[str, F64] = {}
-    for spec in build_registry(cfg):
-        values = np.asarray(spec.kernel(ctx), dtype=np.float64)
-        cols[spec.name] = np.ascontiguousarray(values[n_prior:])
+    # The trend t-values (threaded over blocks themselves) run beside the other features, which
+    # are one thread each: on two cores the stage's wall is then about the larger of the two.
+    with ThreadPoolExecutor(1, thread_name_prefix="bar-features-trend") as pool:
+        ctx.start_trend(pool)
+        for spec in build_registry(cfg):
+            values = np.asarray(spec.kernel(ctx), dtype=np.float64)
+            cols[spec.name] = np.ascontiguousarray(values[n_prior:])
     return FeatureTable(
         ts_close=np.ascontiguousarray(bars.ts_close, dtype=np.int64),
         columns=cols,

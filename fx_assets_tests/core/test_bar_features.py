@@ -224,11 +224,12 @@ def test_cusum_and_trend_match_python_reference() -> None:
 
 
 @pytest.mark.parametrize(("lmin", "lmax"), [(5, 20), (3, 3), (4, 9)])
-def test_trend_tvalue_four_bars_at_a_time_is_the_one_bar_kernel_bit_for_bit(lmin: int, lmax: int) -> None:
-    """The 4-lane trend kernel (what the feature uses) against the one-bar kernel: every row
-    bit for bit, for ranges whose length leaves 0-3 rows to the one-bar tail, on returns with
-    runs of zeros (s^2 = 0: +-clip or 0), tiny and huge values and a NaN."""
-    from fx_assets.core.bar_features import _trend_tvalue_rows4_nb, _trend_tvalue_rows_nb
+def test_trend_tvalue_block_kernel_is_the_one_bar_kernel_bit_for_bit(lmin: int, lmax: int) -> None:
+    """The block trend kernel (what the feature uses: bars of a block in the vectorised inner
+    loops, branch-free pick) against the one-bar kernel: every row bit for bit, for ranges of
+    whole blocks, a partial last block, one row and none, on returns with runs of zeros
+    (s^2 = 0: +-clip or 0), tiny and huge values and a NaN."""
+    from fx_assets.core.bar_features import _TREND_BLOCK, _trend_tvalue_block_nb, _trend_tvalue_rows_nb
 
     rng = np.random.default_rng(11)
     r = rng.normal(0.0, 1e-4, 3000)
@@ -237,30 +238,63 @@ def test_trend_tvalue_four_bars_at_a_time_is_the_one_bar_kernel_bit_for_bit(lmin
     r[300] = 1e3
     r[400] = 1e-300
     r[500] = np.nan
-    for lo, hi in ((0, 3000), (0, 2999), (7, 2998), (lmax + 3, lmax + 8), (1000, 1001), (5, 5)):
-        want = np.full(3000, np.nan)
-        got = np.full(3000, np.nan)
-        _trend_tvalue_rows_nb(r, lmin, lmax, 50.0, lo, hi, want)
-        _trend_tvalue_rows4_nb(r, lmin, lmax, 50.0, lo, hi, got)
-        assert got.tobytes() == want.tobytes(), (lo, hi)
-        if (lo, hi) == (0, 3000):
-            assert np.isfinite(want).sum() > 2000 and (np.abs(want) == 50.0).any() and (want == 0.0).any()
+    r[600:602] = -1e-4  # a short linear stretch: the pick of a shorter length
+    # a steep fall, then a slow linear rise: with a small clip, +clip at the short lengths and
+    # -clip at the long ones (a tie of |t| between different values: the shorter L is kept)
+    r[700:715] = -1.0
+    r[715:720] = 1e-3
+    b = _TREND_BLOCK
+    ranges = (
+        (0, 3000),
+        (0, 2999),
+        (7, 2998),
+        (lmax + 3, lmax + 8),
+        (1000, 1001),
+        (5, 5),
+        (lmax - 1, lmax - 1 + b),  # exactly one block
+        (lmax - 1, lmax - 1 + 2 * b + 1),  # two blocks and one row
+    )
+    for clip in (50.0, 2.0):
+        for lo, hi in ranges:
+            want = np.full(3000, np.nan)
+            got = np.full(3000, np.nan)
+            _trend_tvalue_rows_nb(r, lmin, lmax, clip, lo, hi, want)
+            _trend_tvalue_block_nb(r, lmin, lmax, clip, lo, hi, got)
+            assert got.tobytes() == want.tobytes(), (clip, lo, hi)
+            if (lo, hi) == (0, 3000):
+                assert np.isfinite(want).sum() > 2000 and (np.abs(want) == clip).any() and (want == 0.0).any()
+    # the quarter-sized path (threads over contiguous cuts) against one call of the one-bar kernel
+    from fx_assets.core.bar_features import _trend_tvalue
+
+    big = rng.normal(0.0, 1e-4, 120_001)
+    big[5000:5100] = 0.0
+    want = np.full(big.shape[0], np.nan)
+    _trend_tvalue_rows_nb(big, lmin, lmax, 50.0, 0, big.shape[0], want)
+    assert _trend_tvalue(big, lmin, lmax, 50.0).tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("w", [2, 5, 50])
-def test_rolling_z_and_rv_four_bars_at_a_time_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
-    """The 4-lane z-score and realized-vol kernels (what the features use) against the one-bar
-    kernels: every bar bit for bit, for lengths that leave 0-3 bars to the one-bar tail (and
-    shorter than the window), with a NaN, constant stretches (std 0 -> z 0) and large values."""
-    from fx_assets.core.bar_features import _rolling_z4_nb, _rolling_z_nb, _rv4_nb, _rv_nb
+def test_rolling_z_and_rv_block_kernels_are_the_one_bar_kernels_bit_for_bit(w: int) -> None:
+    """The block z-score and realized-vol kernels (what the features use: a block's bars in the
+    vectorised inner loops) against the one-bar kernels: every bar bit for bit, for lengths of
+    whole blocks, partial last blocks and shorter than the window, with a NaN, constant
+    stretches (std 0 -> z 0) and large values."""
+    from fx_assets.core.bar_features import (
+        _WINDOW_BLOCK,
+        _rolling_z_block_nb,
+        _rolling_z_nb,
+        _rv_block_nb,
+        _rv_nb,
+    )
 
     rng = np.random.default_rng(17)
     x = rng.normal(3.0, 1.5, 2000)
     x[300:400] = 2.5  # constant: std 0
     x[700] = 1e12
     x[900] = np.nan
-    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1):
-        for fast, slow in ((_rolling_z4_nb, _rolling_z_nb), (_rv4_nb, _rv_nb)):
+    b = _WINDOW_BLOCK
+    for n in (2000, 1999, 1998, 1997, w + 2, w, w - 1, 1, w - 1 + b, w + b, w - 2 + 2 * b):
+        for fast, slow in ((_rolling_z_block_nb, _rolling_z_nb), (_rv_block_nb, _rv_nb)):
             want, got = slow(x[:n], w), fast(x[:n], w)
             assert got.tobytes() == want.tobytes(), (fast.__name__, n)
     z = _rolling_z_nb(x, w)
