@@ -240,3 +240,21 @@ def test_order_action_scan_finds_the_first_bad_record(where: int) -> None:
     info = np.full(2, 7, np.int64)
     act._order_actions_nb(clean_ts, clean_act, 0, n, info)
     assert info.tolist() == [-1, -1]
+
+
+def test_trade_source_windows_with_unsigned_trades(
+    quarter: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trades without an aggressor side (sign 0; the synthetic market has none) in the windows:
+    their sizes enter the volume sum and +0.0 the signed one, as in ``_trade_prep_nb``."""
+    path, cal = quarter
+    cols = dict(sidecar_columns(path, NAMES))
+    side = cols["side"].copy()
+    side[::7] = ord("N")
+    cols["side"] = side
+    monkeypatch.setattr(act, "sidecar_columns", lambda _p, names: {k: cols[k] for k in names})
+    src = act.trade_source(path, cal)
+    assert isinstance(src, act.TradeSidecar)
+    flow = act.active_trade_flow(path, cal)
+    assert (flow.sign == 0).sum() > 100
+    assert _windows_equal(src, flow, cols["ts_recv"]) > 1000
