@@ -293,6 +293,17 @@ class _TradeBuffers:
         return self.cols
 
 
+def _trade_ranges(sources: Sequence[_TradeSource], lo_t: int, hi_t: int) -> list[tuple[int, int]]:
+    """Per source, the range of ``lo_t < ts <= hi_t``: its records (a :class:`TradeSidecar`),
+    else its trades."""
+    return [
+        t.records(lo_t, hi_t)
+        if isinstance(t, TradeSidecar)
+        else (int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
+        for t in sources
+    ]
+
+
 def _trade_slices(
     sources: Sequence[_TradeSource], lo_t: int, hi_t: int, buffers: _TradeBuffers | None = None
 ) -> ofi_core.TradeArrays:
@@ -315,12 +326,7 @@ def _trade_slices(
         if len(got) <= 1:
             t, lo, hi = got[0] if got else spans[-1]
             return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
-    ranges = [
-        t.records(lo_t, hi_t)
-        if isinstance(t, TradeSidecar)
-        else (int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
-        for t in sources
-    ]
+    ranges = _trade_ranges(sources, lo_t, hi_t)
     room = sum(max(hi - lo, 0) for lo, hi in ranges)
     cols = (buffers or _TradeBuffers()).take(room)
     o_ts, o_sz, o_sg = cols[:3]
@@ -474,6 +480,12 @@ def quarter_ofi(
     # Sized once for the chunk with the most records (an active row is one of them): the
     # buffers never grow, and pages no chunk writes are never touched.
     most = max((sum(hi - lo for lo, hi in p[6]) for p in plans), default=0)
+    # The trade windows' buffers likewise (a growth would re-fault them): the most trade
+    # records (or trades) of any chunk's window.
+    most_trades = max(
+        (sum(max(hi - lo, 0) for lo, hi in _trade_ranges(trade_sources, p[4], p[5])) for p in plans),
+        default=0,
+    )
 
     result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
 
@@ -483,6 +495,7 @@ def quarter_ofi(
             buffers.book = _BookBuffers(small_pages=True)
             buffers.book.reserve(most, levels, most)
             buffers.trades = _TradeBuffers()
+            buffers.trades.take(most_trades)
         parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
         book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
         part = ofi_core.compute_ofi_features(
