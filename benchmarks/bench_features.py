@@ -441,7 +441,11 @@ def _asset_stages(root: str, quarter: str) -> dict[str, Any]:
     from fx_assets.resources.pipeline import PipelineConfig
     from fx_assets.resources.storage import FxStorage
 
-    flow_fn = active_trade_flow  # the OFI asset's trade loader
+    # the OFI asset's trade loader: the trades left in the sidecar where this checkout has it
+    try:
+        from fx_assets.core.active_contract import trade_source as flow_fn
+    except ImportError:
+        flow_fn = active_trade_flow  # type: ignore[assignment]
     try:  # the bars asset's one pass (bar_rows.sidecar_bars), where this checkout has it
         from fx_assets.core import verify
         from fx_assets.core.active_contract import active_trades, roll_calendar_from_table

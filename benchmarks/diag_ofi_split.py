@@ -1,7 +1,7 @@
 """Where the ``ofi_features`` stage spends its wall and CPU time (issue 10, OFI >= 2x).
 
 Runs the stage the way its asset body does (``fx_assets/assets/features.py``: bars, the
-previous quarter's warm-up start and trade flow, the quarter's trade flow, ``quarter_ofi``,
+previous quarter's warm-up start and trade source, the quarter's trade source, ``quarter_ofi``,
 ``validate_ofi``, ``write_table``) on a data root built by ``bench_features`` (its
 ``stages_2q``), ``--rounds`` times in this process (numba caches warm), and splits each round
 by part. Inside ``quarter_ofi`` the kernels and helpers it calls are wrapped (module globals
@@ -80,7 +80,7 @@ def _patch(acc: _Acc) -> list[tuple[Any, str, Any]]:
         (bar_rows, "_book_rows", "book select + gather (per chunk)"),
         (bar_rows, "_replay_start_scanned", "quarter_ofi: chunk replay starts (book around each)"),
         (bar_rows, "_warmup_first_bar", "quarter_ofi: warmup_first_bar (prev book rescan)"),
-        (bar_rows, "_trade_slices", "trade slices"),
+        (bar_rows, "_trade_slices", "trade slices (from the sidecar: select + write)"),
         (bar_rows, "sidecar_columns", "quarter_ofi: sidecar_columns"),
         (bar_rows, "_active_table", "quarter_ofi: active tables"),
         (ofi_warmup, "_has_valid_snapshot", "ofi_warmup: has_valid_snapshot"),
@@ -98,7 +98,7 @@ def one_round(root: Path) -> dict[str, Any]:
     from fx_assets.assets.features import _book, _load_bars
     from fx_assets.core import bar_rows
     from fx_assets.core import ofi as ofi_core
-    from fx_assets.core.active_contract import active_trade_flow
+    from fx_assets.core.active_contract import trade_source
     from fx_assets.core.calendar import parse_quarter
     from fx_assets.core.ofi_warmup import ofi_warmup_start
     from fx_assets.core.tables import write_table
@@ -128,11 +128,11 @@ def one_round(root: Path) -> dict[str, Any]:
         lap("load bars, calendars")
         start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
         lap("ofi_warmup_start (prev book scan)")
-        prev_flow = active_trade_flow(io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start)
-        lap("prev quarter trade flow (after_ts)")
+        prev_flow = trade_source(io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start)
+        lap("prev quarter trade source (after_ts)")
         book = _book(io, q)
-        flow = active_trade_flow(io.sidecar("trades", q).path, book.calendar)
-        lap("quarter trade flow")
+        flow = trade_source(io.sidecar("trades", q).path, book.calendar)
+        lap("quarter trade source (order + action pass)")
         feats = bar_rows.quarter_ofi(
             cur, flow, book, io.cfg.ofi, partition=part.label,
             prev_bars=prev_bars, prev_trades=prev_flow, prev_book=prev_book,
@@ -157,8 +157,8 @@ def one_round(root: Path) -> dict[str, Any]:
         "parts": {k: {"wall_s": w, "cpu_s": cc} for k, (w, cc) in parts.items()},
         "quarter_ofi_inner": inner,
         "bars": len(cur),
-        "trades": len(flow),
-        "prev_trades": len(prev_flow),
+        "trades": {"kind": type(flow).__name__, "source_records": flow.n_source},
+        "prev_trades": {"kind": type(prev_flow).__name__, "source_records": prev_flow.n_source},
     }
 
 

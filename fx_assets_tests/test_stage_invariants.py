@@ -785,10 +785,13 @@ def test_roll_calendar_from_sidecars_equals_compute_roll_calendar(market: Market
     assert got.events == tuple(e for e in ref.events if e.session_day >= first)
 
 
+@pytest.mark.parametrize("buffers", [None, "numpy", "small_pages"])
 @pytest.mark.parametrize("levels", [10, 5])
-def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> None:
+def test_book_rows_equal_the_reference_matrices(market: Market, levels: int, buffers: str | None) -> None:
     """``_book_rows`` over record ranges of two quarters (each cut in pieces) gives the numpy
-    reference's rows, in order, the first ``levels`` levels, prices as ``px_to_float``."""
+    reference's rows, in order, the first ``levels`` levels, prices as ``px_to_float``; into
+    reused buffers too (either allocator, reserved or grown, the parts' record indices sharing
+    one index buffer), the second call into the same buffers giving the same rows."""
     parts, refs = [], []
     for o in market.outs[:2]:
         c = sidecar_columns(o.book.path)
@@ -796,7 +799,13 @@ def test_book_rows_equal_the_reference_matrices(market: Market, levels: int) -> 
         cuts = [0, n // 3, n // 3, 2 * n // 3 + 7, n]  # an empty range too
         parts += [(o.book, c, lo, hi) for lo, hi in itertools.pairwise(cuts)]
         refs.append(reference_book(o.book.path, o.calendar))
-    got = book_mod._book_rows(parts, levels, TICK_UNITS)
+    buf = None if buffers is None else book_mod._BookBuffers(small_pages=buffers == "small_pages")
+    if buffers == "small_pages":
+        records = sum(hi - lo for _, _, lo, hi in parts)
+        buf.reserve(records, levels, records)  # type: ignore[union-attr]
+    if buf is not None:  # a first call into the buffers (a smaller one: they grow or are reused)
+        book_mod._book_rows(parts[:2], levels, TICK_UNITS, buf)
+    got = book_mod._book_rows(parts, levels, TICK_UNITS, buf)
     assert same(got.ts, _cat([r.ts for r in refs]))
     assert isinstance(got, ofi_core.UnsignedSizeBook)  # the sidecar's sizes and counts: unsigned
     for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):

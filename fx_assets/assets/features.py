@@ -26,9 +26,9 @@ from fx_assets.automation import CHAIN
 from fx_assets.core import lineage, verify
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import (
-    active_trade_flow,
     active_trades,
     roll_calendar_from_table,
+    trade_source,
 )
 from fx_assets.core.bar_features import FeatureTable, validate_features
 from fx_assets.core.bar_rows import (
@@ -219,14 +219,15 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             start = ofi_warmup_start(prev_bars, prev_book, io.cfg.ofi)
             kw = {
                 "prev_bars": prev_bars,
-                "prev_trades": active_trade_flow(
+                "prev_trades": trade_source(
                     io.sidecar("trades", pq).path, prev_book.calendar, after_ts=start
                 ),
                 "prev_book": prev_book,
             }
         book = _book(io, part.quarter)
-        # OFI reads the trades' time, size and sign only: the flow, not the full active trades.
-        flow = active_trade_flow(io.sidecar("trades", part.quarter).path, book.calendar)
+        # OFI reads the trades' time, size and sign only, chunk by chunk from the sidecar (or
+        # the flow, for a sidecar out of ts_recv order): not the full active trades.
+        flow = trade_source(io.sidecar("trades", part.quarter).path, book.calendar)
         feats = _guard(
             part,
             lambda: quarter_ofi(

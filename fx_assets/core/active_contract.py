@@ -7,6 +7,9 @@ Shared by both row units (bar and snapshot):
 - ``active_trades`` (:class:`ActiveTrades`) and ``active_trade_flow`` (:class:`TradeFlow`: ts,
   size and sign only): the trades of the session's active contract (halts and weekends, spreads
   and deferred months dropped), in ``ts_recv`` order.
+- ``trade_source`` (:class:`TradeSidecar`): what the OFI stage reads of them, left in the
+  memory-mapped sidecar and written out window by window (the flow where the sidecar's
+  ``ts_recv`` decreases somewhere).
 - ``_active_table`` / ``_active_at``: the session boundary table (``calendar.session_table``)
   and the per-session active id that every record-level kernel looks ``ts_recv`` up in, so no
   per-record session / mask array of a whole quarter is built.
@@ -479,3 +482,167 @@ def active_trade_flow(
     if not ordered:
         raise FxDataError(f"{trades_sidecar}: trades are not in ts_recv order")
     return TradeFlow(ts=o_ts, size=o_sz, sign=o_sg, n_source=n, after_ts=after_ts)
+
+
+# --- the trades OFI reads, left in the sidecar ------------------------------------------------
+
+
+_CHECK_BLOCK = 4096  # records per block of _order_actions_nb's branch-free scans
+
+
+@njit(cache=True, nogil=True)
+def _order_actions_nb(ts: I64, action: npt.NDArray[np.uint8], lo: int, hi: int, info: I64) -> None:
+    """``info[0]``: the first record of ``lo:hi`` whose ``ts_recv`` is below the record before
+    it (-1: none; record ``lo`` is compared with ``lo - 1`` too, so the parts of a split cover
+    every pair); ``info[1]``: the first record that is not a trade (-1: none). Each block is
+    first scanned without an exit (a loop the compiler vectorises: 0.11 -> 0.05 s for 24.8 M
+    records on one core), and only a flagged block is searched for its first record."""
+    b_ts = -1
+    b_act = -1
+    for b0 in range(max(lo, 1), hi, _CHECK_BLOCK):
+        b1 = min(b0 + _CHECK_BLOCK, hi)
+        m = 0
+        for i in range(b0, b1):
+            m |= ts[i] < ts[i - 1]
+        if m:
+            for i in range(b0, b1):
+                if ts[i] < ts[i - 1]:
+                    b_ts = i
+                    break
+            break
+    for b0 in range(lo, hi, _CHECK_BLOCK):
+        b1 = min(b0 + _CHECK_BLOCK, hi)
+        m = 0
+        for i in range(b0, b1):
+            m |= action[i] != _ACTION_TRADE
+        if m:
+            for i in range(b0, b1):
+                if action[i] != _ACTION_TRADE:
+                    b_act = i
+                    break
+            break
+    info[0] = b_ts
+    info[1] = b_act
+
+
+@njit(cache=True, nogil=True)
+def _flow_range_nb(
+    ts: I64,
+    iid: npt.NDArray[np.uint32],
+    price: I64,
+    size: npt.NDArray[np.uint32],
+    side: npt.NDArray[np.uint8],
+    bounds: I64,
+    act: I64,
+    after: int,
+    lo: int,
+    hi: int,
+    o_ts: I64,
+    o_sz: F64,
+    o_sg: npt.NDArray[np.int8],
+    o_cv: F64,
+    o_cd: F64,
+    acc: F64,
+    first: bool,
+) -> int:
+    """The kept trades of records ``lo:hi`` (``_active_keep_nb``'s rule) written as
+    ``_flow_write_nb`` writes them, from row 0 of the outputs; their count. With them, the
+    cumulative volume and signed volume (``o_cv``, ``o_cd``) as ``ofi._trade_prep_nb`` adds
+    them up, carried in ``acc`` (volume, signed volume) from an earlier call; ``first``: these
+    are the first trades of the sums (assigned, not added, as that pass does at row 0)."""
+    j = 0
+    k = 0
+    v = acc[0]
+    d = acc[1]
+    for i in range(lo, hi):
+        t = ts[i]
+        if t <= after:
+            continue
+        ok, k = _active_at(bounds, act, t, int(iid[i]), k)
+        p = price[i]
+        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+            o_ts[j] = t
+            o_sz[j] = size[i]
+            c = side[i]
+            g = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+            o_sg[j] = g
+            x = o_sz[j]
+            xd = x * float(g)
+            if first and j == 0:
+                v = x
+                d = xd
+            else:
+                v += x
+                d += xd
+            o_cv[j] = v
+            o_cd[j] = d
+            j += 1
+    acc[0] = v
+    acc[1] = d
+    return j
+
+
+@dataclass(frozen=True)
+class TradeSidecar:
+    """The trades of :func:`active_trade_flow`, left in the memory-mapped sidecar: the kept
+    trades of a ``ts_recv`` window are written out when a caller needs that window
+    (:meth:`window`), the same times, sizes and signs as that window of the flow, without the
+    quarter-long copy (420 MB for a scale-1 quarter, faulted in page by page) and its second
+    pass. Only built (:func:`trade_source`) for a sidecar whose ``ts_recv`` never decreases, so a
+    window's trades are the kept records of one record range."""
+
+    path: Path
+    columns: dict[str, np.ndarray]
+    bounds: I64
+    active: I64
+    n_source: int
+    after_ts: int | None = None
+
+    def records(self, lo_t: int, hi_t: int) -> tuple[int, int]:
+        """The record range of ``lo_t < ts_recv <= hi_t``."""
+        ts = self.columns["ts_recv"]
+        return int(np.searchsorted(ts, lo_t, side="right")), int(np.searchsorted(ts, hi_t, side="right"))
+
+    def window(
+        self,
+        lo: int,
+        hi: int,
+        out: tuple[I64, F64, npt.NDArray[np.int8], F64, F64],
+        acc: F64,
+        first: bool,
+    ) -> int:
+        """The kept trades of records ``lo:hi`` into ``out`` (ts, size, sign, cumulative
+        volume and signed volume; from row 0, room for ``hi - lo``), the sums carried in
+        ``acc`` (see ``_flow_range_nb``); their count."""
+        c = self.columns
+        after = np.iinfo(np.int64).min if self.after_ts is None else int(self.after_ts)
+        n = _flow_range_nb(
+            c["ts_recv"], c["instrument_id"], c["price"], c["size"], c["side"], self.bounds,
+            self.active, after, lo, hi, *out, acc, first,
+        )  # fmt: skip
+        return int(n)
+
+
+def trade_source(
+    trades_sidecar: Path, calendar: RollCalendar, *, after_ts: int | None = None
+) -> TradeSidecar | TradeFlow:
+    """What the OFI stage reads of the trades: a :class:`TradeSidecar` when the sidecar's
+    ``ts_recv`` never decreases (one pass over ``ts_recv`` and ``action``, which also makes
+    :func:`check_trade_actions`' check), else :func:`active_trade_flow` itself (a sidecar
+    whose out-of-order records are all dropped is accepted there; its errors are its own).
+    Either gives the same trades for any window."""
+    cols = sidecar_columns(trades_sidecar, ["ts_recv", "instrument_id", "price", "size", "side", "action"])
+    ts, action = cols["ts_recv"], cols["action"]
+    n = int(ts.shape[0])
+    cuts, run = _parallel(n)
+    infos = [np.full(2, -1, np.int64) for _ in cuts[1:]]
+    run(lambda p: _order_actions_nb(ts, action, cuts[p], cuts[p + 1], infos[p]))
+    if any(int(i[1]) >= 0 for i in infos):
+        check_trade_actions(trades_sidecar, action)  # raises, naming the records
+    if any(int(i[0]) >= 0 for i in infos):
+        return active_trade_flow(trades_sidecar, calendar, after_ts=after_ts)
+    # sorted: the first and last records span every time (the table active_trade_flow uses)
+    bounds, act, _ = _active_table(calendar, ts, (int(ts[0]), int(ts[n - 1])) if n else None)
+    return TradeSidecar(
+        path=Path(trades_sidecar), columns=cols, bounds=bounds, active=act, n_source=n, after_ts=after_ts
+    )

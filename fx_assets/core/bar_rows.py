@@ -38,7 +38,9 @@ from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import (
     ActiveTrades,
     TradeFlow,
+    TradeSidecar,
     _active_table,
+    _flow_outputs_nb,
     active_trades,
     contract_codes_of,
 )
@@ -269,31 +271,93 @@ class _OfiOutput:
         )
 
 
-def _trade_slices(sources: Sequence[ActiveTrades | TradeFlow], lo_t: int, hi_t: int) -> ofi_core.TradeArrays:
-    """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
-    when one source holds them, else a copy of only those trades (no prices: OFI reads none)."""
-    spans = [
-        (t, int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
+_TradeSource = ActiveTrades | TradeFlow | TradeSidecar
+
+
+class _TradeBuffers:
+    """One thread's trade window (ts, size, sign and the cumulative volumes), reused from chunk
+    to chunk (numba's allocator, as the flow's outputs): a chunk's trades are views into it."""
+
+    def __init__(self) -> None:
+        self.cap = -1
+        self.take(0)
+
+    def take(self, n: int) -> tuple[I64, F64, npt.NDArray[np.int8], F64, F64]:
+        if n > self.cap:
+            self.cap = max(n, int(self.cap * 1.25))
+            self.cols = (
+                *_flow_outputs_nb(self.cap),
+                ofi_core._empty_1d(self.cap),
+                ofi_core._empty_1d(self.cap),
+            )
+        return self.cols
+
+
+def _trade_ranges(sources: Sequence[_TradeSource], lo_t: int, hi_t: int) -> list[tuple[int, int]]:
+    """Per source, the range of ``lo_t < ts <= hi_t``: its records (a :class:`TradeSidecar`),
+    else its trades."""
+    return [
+        t.records(lo_t, hi_t)
+        if isinstance(t, TradeSidecar)
+        else (int(np.searchsorted(t.ts, lo_t, side="right")), int(np.searchsorted(t.ts, hi_t, side="right")))
         for t in sources
     ]
-    got = [g for g in spans if g[2] > g[1]]
-    if len(got) <= 1:
-        t, lo, hi = got[0] if got else spans[-1]
-        return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
-    ts, size, sign = (
-        np.concatenate([getattr(t, f)[lo:hi] for t, lo, hi in got]) for f in ("ts", "size", "sign")
-    )
-    return ofi_core.TradeArrays(ts, None, size, sign)
+
+
+def _trade_slices(
+    sources: Sequence[_TradeSource], lo_t: int, hi_t: int, buffers: _TradeBuffers | None = None
+) -> ofi_core.TradeArrays:
+    """Trades with ``lo_t < ts <= hi_t`` of the sources (consecutive, each in ts order): a view
+    when one in-memory source holds them, else a copy of only those trades (no prices: OFI
+    reads none), into ``buffers`` when given. A :class:`TradeSidecar`'s are written out there;
+    when every source is one, the result is an ``ofi.PreparedTrades`` (its cumulative
+    volumes written with the trades, over the sources in order)."""
+    in_memory = [t for t in sources if not isinstance(t, TradeSidecar)]
+    if len(in_memory) == len(sources):
+        spans = [
+            (
+                t,
+                int(np.searchsorted(t.ts, lo_t, side="right")),
+                int(np.searchsorted(t.ts, hi_t, side="right")),
+            )
+            for t in in_memory
+        ]
+        got = [g for g in spans if g[2] > g[1]]
+        if len(got) <= 1:
+            t, lo, hi = got[0] if got else spans[-1]
+            return ofi_core.TradeArrays(t.ts[lo:hi], None, t.size[lo:hi], t.sign[lo:hi])
+    ranges = _trade_ranges(sources, lo_t, hi_t)
+    room = sum(max(hi - lo, 0) for lo, hi in ranges)
+    cols = (buffers or _TradeBuffers()).take(room)
+    o_ts, o_sz, o_sg = cols[:3]
+    acc = np.zeros(2)  # the running sums, carried from one source to the next
+    j = 0
+    for src, (lo, hi) in zip(sources, ranges, strict=True):
+        if hi <= lo:
+            continue
+        if isinstance(src, TradeSidecar):
+            j += src.window(lo, hi, tuple(c[j:] for c in cols), acc, j == 0)  # type: ignore[arg-type]
+        else:
+            m = hi - lo
+            o_ts[j : j + m], o_sz[j : j + m], o_sg[j : j + m] = (
+                src.ts[lo:hi],
+                src.size[lo:hi],
+                src.sign[lo:hi],
+            )
+            j += m
+    if in_memory:  # (their sums are not written: compute_ofi_features adds them up)
+        return ofi_core.TradeArrays(o_ts[:j], None, o_sz[:j], o_sg[:j])
+    return ofi_core.PreparedTrades(o_ts[:j], None, o_sz[:j], o_sg[:j], cols[3][:j], cols[4][:j])
 
 
 def quarter_ofi(
     bars: BarTable,
-    trades: ActiveTrades | TradeFlow,
+    trades: _TradeSource,
     book: BookSource,
     config: ofi_core.OfiConfig,
     *,
     prev_bars: BarTable | None = None,
-    prev_trades: ActiveTrades | TradeFlow | None = None,
+    prev_trades: _TradeSource | None = None,
     prev_book: BookSource | None = None,
     book_chunk: int = DEFAULT_BOOK_CHUNK,
     partition: str = "?",
@@ -307,7 +371,9 @@ def quarter_ofi(
     replays reach further back where needed to hold a valid book snapshot (see
     :func:`_replay_start`). Only the events of a chunk's bars are materialised: the sidecar
     columns are memory-mapped views, and the trades of a chunk are slices of ``trades`` /
-    ``prev_trades`` (of the previous quarter only its warm-up tail is ever touched).
+    ``prev_trades`` (of the previous quarter only its warm-up tail is ever touched), or, for a
+    :class:`TradeSidecar` (``trade_source``, the asset's loader), written out of the sidecar
+    into a buffer each thread reuses.
     """
     levels = config.levels
     names = _book_columns(levels)
@@ -317,7 +383,7 @@ def quarter_ofi(
     tick = config.tick_size
     tick_units = round(tick * 1e9)
     sources: list[tuple[BookSource, dict[str, np.ndarray]]] = []
-    trade_sources: list[ActiveTrades | TradeFlow] = []
+    trade_sources: list[_TradeSource] = []
     n_warm = 0
     before_first: int | None = None  # close of the bar before bar 0 of the bar list
     if prev_bars is not None and len(prev_bars) and prev_book is not None and prev_trades is not None:
@@ -379,7 +445,11 @@ def quarter_ofi(
     del cum
 
     tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
+    # The trades left in their sidecars are read chunk by chunk too: their pages are released
+    # the same way (after the book's in each plan's list of first records).
+    in_sidecar = [t for t in trade_sources if isinstance(t, TradeSidecar)]
     releasers = [PageReleaser(list(c.values())) for _, c in sources]
+    releasers += [PageReleaser(list(t.columns.values())) for t in in_sidecar]
     # Each chunk's plan: its bars [b0, b1), replay start w0, time window and record ranges.
     plans = []
     for b0, b1 in itertools.pairwise(bounds):
@@ -403,22 +473,34 @@ def quarter_ofi(
         ]
         plans.append((b0, b1, w0, t_start, lo_t, hi_t, spans))
     # First record any chunk from k on reads, per source: pages before it can be released.
-    first_rec = [[lo for lo, _ in p[6]] for p in plans]
+    first_rec = [[lo for lo, _ in p[6]] + [t.records(p[4], p[5])[0] for t in in_sidecar] for p in plans]
     for k in range(len(plans) - 2, -1, -1):
         first_rec[k] = [min(a, b) for a, b in zip(first_rec[k], first_rec[k + 1], strict=True)]
-    buffers = threading.local()  # one _BookBuffers per thread, reused by its chunks
+    buffers = threading.local()  # one _BookBuffers and _TradeBuffers per thread, reused by its chunks
+    # Sized once for the chunk with the most records (an active row is one of them): the
+    # buffers never grow, and pages no chunk writes are never touched.
+    most = max((sum(hi - lo for lo, hi in p[6]) for p in plans), default=0)
+    # The trade windows' buffers likewise (a growth would re-fault them): the most trade
+    # records (or trades) of any chunk's window.
+    most_trades = max(
+        (sum(max(hi - lo, 0) for lo, hi in _trade_ranges(trade_sources, p[4], p[5])) for p in plans),
+        default=0,
+    )
 
     result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
 
     def run_chunk(k: int) -> None:
         b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
         if not hasattr(buffers, "book"):
-            buffers.book = _BookBuffers()
+            buffers.book = _BookBuffers(small_pages=True)
+            buffers.book.reserve(most, levels, most)
+            buffers.trades = _TradeBuffers()
+            buffers.trades.take(most_trades)
         parts = [(src, c, lo, hi) for (src, c), (lo, hi) in zip(sources, spans, strict=True)]
         book_arr = _book_rows(parts, levels, tick_units, buffers.book, tables)
         part = ofi_core.compute_ofi_features(
             book_arr,
-            _trade_slices(trade_sources, lo_t, hi_t),
+            _trade_slices(trade_sources, lo_t, hi_t, buffers.trades),
             ts_close[w0:b1],
             inst[w0:b1],
             config,

@@ -535,6 +535,19 @@ class TradeArrays:
     sign: npt.NDArray[np.int8]
 
 
+@dataclass(frozen=True)
+class PreparedTrades(TradeArrays):
+    """``TradeArrays`` written out of a trades sidecar (``active_contract.TradeSidecar``) with
+    their cumulative volume and signed volume (``cumv``, ``cumd``: the additions of
+    ``_trade_prep_nb``, in its order, made while the trades were written). What the sidecar
+    gives them makes ``_trade_prep_nb``'s checks hold by construction (``ts`` in order: the
+    sidecar's ``ts_recv`` was checked; sizes integers > 0 from ``uint32``; signs in {-1, 0, +1}),
+    so ``compute_ofi_features`` skips that pass (a read of the three columns and a write of two)."""
+
+    cumv: F64
+    cumd: F64
+
+
 def _arrow_of(values: np.ndarray) -> pa.Array:
     """``pa.array(values)`` of a 1-D numpy column, its type from the dtype (no pandas import)."""
     return array_of(values, pa.from_numpy_dtype(values.dtype))
@@ -1405,13 +1418,18 @@ def compute_ofi_features(
     t_size = _as_f64(trades.size, "trades.size", 1)
     t_sign = np.ascontiguousarray(trades.sign, dtype=np.int8)
     trades_ok = t_size.shape[0] == t_sign.shape[0] == t_ts.shape[0]
+    prepared = None
+    if isinstance(trades, PreparedTrades):
+        prepared = (_as_f64(trades.cumv, "trades.cumv", 1), _as_f64(trades.cumd, "trades.cumd", 1))
+        if not (trades_ok and prepared[0].shape[0] == prepared[1].shape[0] == t_ts.shape[0]):
+            raise FxDataError(f"OFI {partition}: prepared trade columns have different lengths")
 
     workers = cfg.workers if workers is None else max(1, int(workers))
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         return _compute(
             cfg, tick, b_ts, arr, not isinstance(book, UnsignedSizeBook), t_ts, t_size, t_sign, trades_ok, bar_ts_close,
-            bar_instrument, n_warmup, ts_window_start, bar_reset, partition, workers, pool,
+            bar_instrument, n_warmup, ts_window_start, bar_reset, partition, workers, pool, prepared,
         )  # fmt: skip
     finally:
         if pool is not None:
@@ -1436,6 +1454,7 @@ def _compute(
     partition: str,
     workers: int,
     pool: ThreadPoolExecutor | None,
+    prepared: tuple[F64, F64] | None = None,
 ) -> OfiFeatures:
     """Body of `compute_ofi_features` once the input columns have their dtypes."""
     L = cfg.levels
@@ -1456,13 +1475,17 @@ def _compute(
     nt = t_ts.shape[0]
     # Cumulative volume / signed volume over the call (differences only are used: exact for
     # integer sizes, so VPIN does not depend on where the arrays start).
-    cumv = _empty_1d(nt if trades_ok else 0)
-    cumd = _empty_1d(nt if trades_ok else 0)
+    # (``prepared``: a PreparedTrades' own, written with the trades; its checks hold by construction)
+    cumv, cumd = (
+        prepared
+        if prepared is not None
+        else (_empty_1d(nt if trades_ok else 0), _empty_1d(nt if trades_ok else 0))
+    )
     trade_bad = np.full(4, -1, np.int64)
 
     def prep(q: int) -> None:
         if q < 0:  # the trades' pass is sequential (a running sum): started first
-            if trades_ok:
+            if trades_ok and prepared is None:
                 _trade_prep_nb(t_ts, t_size, t_sign, cumv, cumd, trade_bad)
         else:
             r0, r1 = book_shards[q]

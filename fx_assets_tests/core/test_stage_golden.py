@@ -6,9 +6,10 @@ features and OFI warmed up from the previous quarter, the fxcache assembly and f
 dtype); every column's XXH3-128 (:func:`fx_assets.core.tables.table_checksums`) and every
 fxcache region checksum must equal the ones recorded in ``golden/stage_digests.json`` (written
 by the code before the fxcache / OFI speed-ups of issue 10). OFI runs on the trade flow the
-asset loads (``active_trade_flow``), and again from the full active trades with a small
+flow (``active_trade_flow``), and again from the full active trades with a small
 ``book_chunk`` (many chunks, each replaying its warm-up), which must give the same bits, and
-with 1, 2 and 7 workers (chunks run in parallel, one thread each).
+with 1, 2 and 7 workers (chunks run in parallel, one thread each), on the flow and on the trades
+the asset leaves in their sidecars (``trade_source``: each chunk's window written out of them).
 
 A deliberate change of a stage's numbers regenerates the file:
 ``FX_GOLDEN_WRITE=1 python -m pytest fx_assets_tests/core/test_stage_golden.py`` (and says
@@ -26,7 +27,13 @@ import numpy as np
 import pytest
 
 from fx_assets.core import ofi as ofi_core
-from fx_assets.core.active_contract import active_trade_flow, active_trades, quarter_roll_calendar
+from fx_assets.core.active_contract import (
+    TradeSidecar,
+    active_trade_flow,
+    active_trades,
+    quarter_roll_calendar,
+    trade_source,
+)
 from fx_assets.core.bar_features import BarFeatureConfig
 from fx_assets.core.bar_rows import assemble_fxcache_columns, quarter_bar_features, quarter_bars, quarter_ofi
 from fx_assets.core.bars import BarConfig
@@ -83,6 +90,15 @@ def _digests(tmp: Path) -> dict[str, Any]:
             prev_flow = active_trade_flow(sc["trades", prev_q], prev_cal, after_ts=kw["prev_trades"].after_ts)
             assert np.array_equal(prev_flow.ts, kw["prev_trades"].ts)
             flow_kw["prev_trades"] = prev_flow
+        # The asset's loader: the trades left in the (ordered) sidecars, both quarters.
+        src = trade_source(sc["trades", q], cal)
+        assert isinstance(src, TradeSidecar)
+        src_kw = dict(kw)
+        if kw:
+            src_kw["prev_trades"] = trade_source(
+                sc["trades", prev_q], prev_cal, after_ts=kw["prev_trades"].after_ts
+            )
+            assert isinstance(src_kw["prev_trades"], TradeSidecar)
         ofi = quarter_ofi(bars, flow, book, cfg, partition=label, **flow_kw)
         ofi_small = quarter_ofi(bars, trades, book, cfg, partition=label, book_chunk=5_000, **kw)
         d: dict[str, Any] = {
@@ -99,6 +115,11 @@ def _digests(tmp: Path) -> dict[str, Any]:
                 par = quarter_ofi(bars, flow, book, par_cfg, partition=label, book_chunk=chunk, **flow_kw)
                 got = table_checksums(par.to_arrow())
                 assert got == d["ofi_features"], f"{q}: OFI with {w} workers, book_chunk {chunk} differs"
+                par = quarter_ofi(bars, src, book, par_cfg, partition=label, book_chunk=chunk, **src_kw)
+                got = table_checksums(par.to_arrow())
+                assert got == d["ofi_features"], (
+                    f"{q}: OFI from the sidecar, {w} workers, chunk {chunk} differs"
+                )
         ts, groups, dropped = assemble_fxcache_columns(bars, feats, ofi, book)
         d["fxcache_dropped"] = dropped
         for dtype in ("f32", "bf16", "f64"):

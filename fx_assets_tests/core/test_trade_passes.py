@@ -2,7 +2,9 @@
 (selection, min / max time for the session table, the trade-action check) equal the numpy
 definition, for any number of parts, with and without ``after_ts``; a record outside the years
 of the first and last records gets the session table of the full range, and a non-trade record
-is refused wherever it lies (also before ``after_ts``)."""
+is refused wherever it lies (also before ``after_ts``). ``trade_source`` (the OFI stage's loader)
+gives, for any ``ts_recv`` window, the flow's trades of that window: written out of the sidecar
+where its ``ts_recv`` never decreases, else the flow itself."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import numpy as np
 import pytest
 
 from fx_assets.core import active_contract as act
-from fx_assets.core import dbn, sidecar
+from fx_assets.core import bar_rows, dbn, sidecar
+from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import quarter_roll_calendar
 from fx_assets.core.calendar import session_day
 from fx_assets.core.dbn import UNDEF_PRICE, px_to_float
@@ -117,6 +120,141 @@ def test_a_non_trade_record_is_refused_also_before_after_ts(tmp_path: Path) -> N
     )
     cal = roll_calendar_from_sidecars(bad.path, None)
     late = int(recs["ts_recv"].max())  # every record is at or before it: none is kept
-    for load in (act.active_trades, act.active_trade_flow):
+    for load in (act.active_trades, act.active_trade_flow, act.trade_source):
         with pytest.raises(FxDataError, match=r"a\.arrow: 1 of 2 records are not trades \(actions \['C'\]"):
             load(bad.path, cal, after_ts=late)
+
+
+def _window(flow: act.TradeFlow, lo_t: int, hi_t: int) -> tuple[np.ndarray, ...]:
+    lo, hi = np.searchsorted(flow.ts, lo_t, side="right"), np.searchsorted(flow.ts, hi_t, side="right")
+    return flow.ts[lo:hi], flow.size[lo:hi], flow.sign[lo:hi]
+
+
+def _windows_equal(src: Any, flow: act.TradeFlow, ts: np.ndarray) -> int:
+    """Every window of a set (record times as bounds, so trades at a bound are cut as
+    ``side="right"`` cuts them; empty, whole and out-of-range windows too) of ``src``, through
+    ``bar_rows._trade_slices`` into one reused buffer, equals that window of ``flow``."""
+    n = ts.size
+    at = [int(ts[i]) for i in (0, 1, n // 7, n // 3, n // 3 + 1, n // 2, 2 * n // 3, n - 2, n - 1)]
+    lo_min = int(np.iinfo(np.int64).min)
+    bounds = [(lo_min, at[-1]), (lo_min, at[2]), (at[0], at[1]), (at[3], at[4]), (at[4], at[4])]
+    bounds += [(a, b) for a, b in zip(at, at[3:], strict=False)] + [(at[-1], at[-1] + 10**12), (at[5], at[3])]
+    buf = bar_rows._TradeBuffers()
+    kept = 0
+    for lo_t, hi_t in bounds:
+        got = bar_rows._trade_slices([src], lo_t, hi_t, buf)
+        want = _window(flow, lo_t, hi_t)
+        assert got.price is None
+        for g, w, name in zip((got.ts, got.size, got.sign), want, ("ts", "size", "sign"), strict=True):
+            assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), f"{name} of ({lo_t}, {hi_t}]"
+        assert isinstance(got, ofi_core.PreparedTrades) == isinstance(src, act.TradeSidecar)
+        if isinstance(got, ofi_core.PreparedTrades):
+            _sums_equal_the_prep_pass(got)
+        kept += got.ts.size
+    # Two sources in one window (the previous quarter's tail and the quarter, in the stage):
+    # the sums run on from the first source's trades into the second's.
+    two = bar_rows._trade_slices([src, src], at[3], at[6], buf)
+    one = _window(flow, at[3], at[6])
+    assert two.ts.tobytes() == np.concatenate([one[0], one[0]]).tobytes()
+    if isinstance(two, ofi_core.PreparedTrades):
+        _sums_equal_the_prep_pass(two, sorted_ts=False)
+    return kept
+
+
+def _sums_equal_the_prep_pass(got: ofi_core.PreparedTrades, sorted_ts: bool = True) -> None:
+    """The sums written with the trades are ``ofi._trade_prep_nb``'s, bit for bit, and the
+    checks that pass skips hold."""
+    n = got.ts.size
+    cumv, cumd, bad = np.empty(n), np.empty(n), np.full(4, -1, np.int64)
+    ofi_core._trade_prep_nb(got.ts, got.size, got.sign, cumv, cumd, bad)
+    assert got.cumv.tobytes() == cumv.tobytes() and got.cumd.tobytes() == cumd.tobytes()
+    assert bad[1:].tolist() == [-1, -1, -1] and (bad[0] == -1 or not sorted_ts)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_trade_source_windows_equal_the_flow(
+    quarter: tuple[Path, Any], threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an ordered sidecar, ``trade_source`` leaves the trades in it, and each window is the
+    flow's (with and without ``after_ts``), for any number of parts of its order pass."""
+    path, cal = quarter
+    monkeypatch.setattr(act, "_MIN_TRADES_PER_THREAD", 1000)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    ts = sidecar_columns(path, NAMES)["ts_recv"]
+    for after_ts in (None, int(ts[ts.size // 2])):
+        src = act.trade_source(path, cal, after_ts=after_ts)
+        assert isinstance(src, act.TradeSidecar)
+        assert src.n_source == ts.size and src.after_ts == after_ts
+        assert _windows_equal(src, act.active_trade_flow(path, cal, after_ts=after_ts), ts) > 1000
+
+
+def test_trade_source_out_of_order_falls_back_to_the_flow(
+    quarter: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record out of ``ts_recv`` order that no window keeps: ``trade_source`` is the flow
+    (which accepts it) and its windows are the flow's; one that is kept: both refuse the file."""
+    path, cal = quarter
+    monkeypatch.setattr(act, "_MIN_TRADES_PER_THREAD", 1000)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    cols = dict(sidecar_columns(path, NAMES))
+    ts0 = cols["ts_recv"]
+    flow0 = act.active_trade_flow(path, cal)
+    kept = np.isin(ts0, flow0.ts)
+    mid = ts0.size // 2
+    dropped = mid + int(np.flatnonzero(~kept[mid:] & (ts0[mid:] > ts0[mid - 1 :][: ts0.size - mid]))[0])
+    ts = ts0.copy()
+    ts[dropped] = ts[dropped - 1] - 1  # below its predecessor, and dropped (not the active contract's)
+    cols["ts_recv"] = ts
+    monkeypatch.setattr(act, "sidecar_columns", lambda _p, names: {k: cols[k] for k in names})
+    src = act.trade_source(path, cal)
+    assert isinstance(src, act.TradeFlow)
+    assert _windows_equal(src, act.active_trade_flow(path, cal), ts0) > 1000
+    ts = ts0.copy()
+    j = len(flow0) // 2
+    ts[int(np.flatnonzero(kept)[j])] = flow0.ts[j - 1] - 1  # a kept trade before the one kept before it
+    cols["ts_recv"] = ts
+    for load in (act.active_trade_flow, act.trade_source):
+        with pytest.raises(FxDataError, match="trades are not in ts_recv order"):
+            load(path, cal)
+
+
+@pytest.mark.parametrize("where", [1, 4095, 4096, 4097, 9000, 12_287])
+def test_order_action_scan_finds_the_first_bad_record(where: int) -> None:
+    """``_order_actions_nb`` (blocks scanned without an exit first) names the numpy
+    definition's first decrease and first non-trade record, for any split into parts (a
+    part's first record is compared with the record before it)."""
+    n = 12_288
+    ts = np.arange(n, dtype=np.int64) * 10
+    action = np.full(n, ord("T"), np.uint8)
+    ts[where] = ts[where - 1] - 1  # below its predecessor
+    action[[where, min(where + 5, n - 1)]] = ord("A")
+    want_ts = int(np.flatnonzero(ts[1:] < ts[:-1])[0]) + 1
+    want_act = int(np.flatnonzero(action != ord("T"))[0])
+    for cuts in ([0, n], [0, where, n], [0, where + 1, n], [0, 4096, 8192, n]):
+        infos = [np.full(2, -1, np.int64) for _ in cuts[1:]]
+        for p in range(len(cuts) - 1):
+            act._order_actions_nb(ts, action, cuts[p], cuts[p + 1], infos[p])
+        assert min(int(i[0]) for i in infos if i[0] >= 0) == want_ts
+        assert min(int(i[1]) for i in infos if i[1] >= 0) == want_act
+    clean_ts, clean_act = np.arange(n, dtype=np.int64), np.full(n, ord("T"), np.uint8)
+    info = np.full(2, 7, np.int64)
+    act._order_actions_nb(clean_ts, clean_act, 0, n, info)
+    assert info.tolist() == [-1, -1]
+
+
+def test_trade_source_windows_with_unsigned_trades(
+    quarter: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trades without an aggressor side (sign 0; the synthetic market has none) in the windows:
+    their sizes enter the volume sum and +0.0 the signed one, as in ``_trade_prep_nb``."""
+    path, cal = quarter
+    cols = dict(sidecar_columns(path, NAMES))
+    side = cols["side"].copy()
+    side[::7] = ord("N")
+    cols["side"] = side
+    monkeypatch.setattr(act, "sidecar_columns", lambda _p, names: {k: cols[k] for k in names})
+    src = act.trade_source(path, cal)
+    assert isinstance(src, act.TradeSidecar)
+    flow = act.active_trade_flow(path, cal)
+    assert (flow.sign == 0).sum() > 100
+    assert _windows_equal(src, flow, cols["ts_recv"]) > 1000
