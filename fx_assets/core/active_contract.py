@@ -138,6 +138,19 @@ def _active_table(
 
 
 @njit(cache=True, inline="always")
+def _kept_trade(active: bool, price: int, size: int) -> bool:
+    """The one rule of which trade records count: the active contract's, with a defined,
+    positive price and a positive size."""
+    return active and price != UNDEF_PRICE and price > 0 and size > 0
+
+
+@njit(cache=True, inline="always")
+def _aggressor_sign(side: int) -> int:
+    """``dbn.aggressor_sign`` of one ASCII side code: B (buy) +1, A (sell) -1, else 0."""
+    return 1 if side == _SIDE_BUY else (-1 if side == _SIDE_SELL else 0)
+
+
+@njit(cache=True, inline="always")
 def _active_at(bounds: I64, act: I64, t: int, iid: int, k: int) -> tuple[bool, int]:
     """(is ``iid`` the active contract at ``t``, interval index of ``t`` for the next call)."""
     k = interval_of(bounds, t, k)
@@ -184,7 +197,7 @@ def _active_keep_nb(
             continue
         ok, k = _active_at(bounds, act, t, int(iid[i]), k)
         p = price[i]
-        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+        if _kept_trade(ok, p, size[i]):
             keep[i] = True
             cnt += 1
     info[0] = t_lo
@@ -229,7 +242,7 @@ def _active_write_nb(
         o_px[j] = price[i] / PRICE_DIVISOR  # as dbn.px_to_float (price is defined here)
         o_sz[j] = size[i]
         c = side[i]
-        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        o_sg[j] = _aggressor_sign(c)
         o_ss[j] = days[(k - 1) >> 1]
         o_id[j] = iid[i]
         j += 1
@@ -450,7 +463,7 @@ def _flow_write_nb(
         o_ts[j] = t
         o_sz[j] = size[i]
         c = side[i]
-        o_sg[j] = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+        o_sg[j] = _aggressor_sign(c)
         j += 1
     return ordered
 
@@ -560,11 +573,11 @@ def _flow_range_nb(
             continue
         ok, k = _active_at(bounds, act, t, int(iid[i]), k)
         p = price[i]
-        if ok and p != UNDEF_PRICE and p > 0 and size[i] > 0:
+        if _kept_trade(ok, p, size[i]):
             o_ts[j] = t
             o_sz[j] = size[i]
             c = side[i]
-            g = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)  # dbn.aggressor_sign
+            g = _aggressor_sign(c)
             o_sg[j] = g
             x = o_sz[j]
             xd = x * float(g)

@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from fx_assets.core.active_contract import _active_at, _active_table, contract_codes_of
+from fx_assets.core.active_contract import _active_at, _active_table, _kept_trade, contract_codes_of
 from fx_assets.core.bar_features import FeatureTable
 from fx_assets.core.bars import BarTable
 from fx_assets.core.book import _BOOK_FIELDS, BookSource, _BookBuffers, _gather_book_nb
@@ -231,7 +231,7 @@ def _trade_volume_nb(
                 prev = x
                 ok, k = _active_at(bounds, act, x, int(tiid[i]), k)
                 p = tpx[i]
-                if ok and p != UNDEF_PRICE and p > 0 and tsz[i] > 0:
+                if _kept_trade(ok, p, tsz[i]):
                     c += tsz[i]
                 i += 1
             if not closing:
