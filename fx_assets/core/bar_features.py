@@ -891,13 +891,92 @@ def _macd_scale(c, line, sgl, hist):
         hist[i] = (x - y) * inv
 
 
-_BB_BLOCK = 256  # bars per block of the Bollinger kernel (its sums stay in L1)
+_BB_BLOCK = 256  # bars per block of the Bollinger kernels (their sums stay in L1)
+# Closes on this binary grid (multiples of 1/256: ES / NQ 0.25, YM 1, treasury 1/32..1/128
+# ticks) are integers once scaled, so their window sums are exact in int64.
+_BB_GRID = 256.0
 
 
 @njit(cache=True, error_model="numpy")
-def _bb_pctb_nb(o, c, inst, w, kk):
+def _bb_exact_nb(o, c, inst, w, kk, out, need):
+    """Bollinger %b of every bar whose window of w closes holds no roll and only closes on the
+    ``_BB_GRID`` grid, from exact integer window sums; ``need[j]`` set for the other bars
+    (j >= w - 1), which the two-pass kernel then computes. Returns how many those are.
+
+    With X = close * grid (integers), S1 = sum X and S2 = sum X^2 over the window:
+    C - mu = N / (w grid) with N = w X_j - S1, and sigma = sqrt(D) / (w grid) with
+    D = w S2 - S1^2 (population), so %b = 0.5 + N / (2 k sqrt(D)), D == 0 -> 0.5. N and D are
+    exact integers (|X| <= 2^31 / w keeps w S2 and S1^2 below 2^62), so a bar's value has four
+    roundings whatever came before it: running sums that add the new close and drop the old
+    one stay exact, where float sums would carry their start's rounding along. Whether a bar
+    takes this kernel depends on its own window only (causal; the same whatever the series'
+    start or chunking). Each block: scale and test (vectorised), the running sums (the only
+    serial loop), %b (vectorised), then a per-bar pass only where a roll or an off-grid close
+    is within reach of the block."""
+    nb = c.shape[0]
+    lim = 2147483648.0 / w
+    xp = np.zeros(nb + w, np.int64)  # X with w leading zeros: bar j drops xp[j] = X[j - w]
+    bad = np.zeros(nb, np.uint8)
+    s1a = np.empty(_BB_BLOCK, np.int64)
+    s2a = np.empty(_BB_BLOCK, np.int64)
+    h = 0.5 / kk
+    s1 = 0
+    s2 = 0
+    last_bad = -nb - w  # the latest off-grid close, the latest roll bar seen
+    last_roll = -nb - w
+    n_need = 0
+    j0 = 0
+    while j0 < nb:
+        j1 = min(j0 + _BB_BLOCK, nb)
+        nj = j1 - j0
+        cj = c[j0:j1]
+        xj = xp[j0 + w : j1 + w]
+        bj = bad[j0:j1]
+        n_bad = 0
+        for i in range(nj):  # vectorises
+            x = cj[i] * _BB_GRID
+            ok = x == math.floor(x) and abs(x) <= lim  # False for NaN and inf
+            xj[i] = np.int64(x) if ok else 0
+            bj[i] = 0 if ok else 1
+            n_bad += 0 if ok else 1
+        n_roll = 0
+        for k in range(max(j0, 1), j1):
+            n_roll += 1 if inst[k] != inst[k - 1] else 0
+        yj = xp[j0:j1]
+        for i in range(nj):  # serial: exact, so adding and dropping in any order is the same
+            x = xj[i]
+            y = yj[i]
+            s1 += x - y
+            s2 += (x - y) * (x + y)
+            s1a[i] = s1
+            s2a[i] = s2
+        oj = out[j0:j1]
+        for i in range(nj):  # vectorises: the square roots and divisions
+            s = s1a[i]
+            d = w * s2a[i] - s * s
+            oj[i] = 0.5 + h * (float(w * xj[i] - s) / math.sqrt(float(d))) if d > 0 else 0.5
+        if n_bad or n_roll or last_bad > j0 - w or last_roll > j0 - w + 1:
+            for j in range(j0, j1):
+                if bad[j]:
+                    last_bad = j
+                if j > 0 and inst[j] != inst[j - 1]:
+                    last_roll = j
+                # R_k rescales the windows of bars k..k+w-2
+                if j >= w - 1 and (last_bad > j - w or last_roll > j - w + 1):
+                    need[j] = True
+                    n_need += 1
+        j0 = j1
+    for j in range(min(w - 1, nb)):
+        out[j] = np.nan
+    return n_need
+
+
+@njit(cache=True, error_model="numpy")
+def _bb_two_pass_nb(o, c, inst, w, kk, out, need):
     """Bollinger %b = (C - (mu - k sigma)) / (2 k sigma) on the last w adjusted closes,
-    population sigma (two-pass), sigma == 0 -> 0.5.
+    population sigma (two-pass), sigma == 0 -> 0.5, into ``out`` for the bars with ``need``
+    set (windows with a roll or closes off the exact kernel's grid); blocks without one are
+    skipped.
 
     Blocks of bars whose windows hold no roll take the sums across bars (the inner loop runs
     over the bars of the block, so it vectorises; eight window terms per sweep, then four, then
@@ -906,9 +985,6 @@ def _bb_pctb_nb(o, c, inst, w, kk):
     runs the per-bar loop. The inner loops index slices from 0: numba then omits
     its negative-index wraparound, which would otherwise block vectorisation."""
     nb = c.shape[0]
-    out = np.empty(nb, np.float64)
-    for j in range(min(w - 1, nb)):
-        out[j] = np.nan
     acc_buf = np.empty(_BB_BLOCK, np.float64)
     var_buf = np.empty(_BB_BLOCK, np.float64)
     buf = np.empty(w, np.float64)
@@ -917,6 +993,14 @@ def _bb_pctb_nb(o, c, inst, w, kk):
     j0 = w - 1
     while j0 < nb:
         j1 = min(j0 + _BB_BLOCK, nb)
+        wanted = False
+        for j in range(j0, j1):
+            if need[j]:
+                wanted = True
+                break
+        if not wanted:
+            j0 = j1
+            continue
         rolled = False
         for k in range(max(j0 - w + 2, 1), j1):  # R_k rescales the windows of bars k..k+w-2
             if inst[k] != inst[k - 1]:
@@ -924,6 +1008,8 @@ def _bb_pctb_nb(o, c, inst, w, kk):
                 break
         if rolled:
             for j in range(j0, j1):
+                if not need[j]:
+                    continue
                 f = 1.0
                 s = 0.0
                 for m in range(w):
@@ -1010,12 +1096,13 @@ def _bb_pctb_nb(o, c, inst, w, kk):
                     var[i] += d * d
             cj = c[j0:j1]
             oj = out[j0:j1]
+            nd = need[j0:j1]
             for i in range(nj):
-                mu = acc[i]
-                sd = math.sqrt(var[i] / w)
-                oj[i] = (cj[i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
+                if nd[i]:
+                    mu = acc[i]
+                    sd = math.sqrt(var[i] / w)
+                    oj[i] = (cj[i] - mu + kk * sd) / (2.0 * kk * sd) if sd > 0.0 else 0.5
         j0 = j1
-    return out
 
 
 @njit(cache=True)
@@ -1369,7 +1456,11 @@ def bollinger_pctb(o: F64, c: F64, inst: np.ndarray, w: int, k: float) -> F64:
     if not (math.isfinite(k) and k > 0):
         raise FxDataError(f"Bollinger: k = {k!r} must be finite and > 0")
     o, c, inst = _series(w, o=o, c=c, inst=inst)
-    return _bb_pctb_nb(o, c, inst, w, float(k))
+    out = np.empty(c.shape[0], np.float64)
+    need = np.zeros(c.shape[0], np.bool_)
+    if _bb_exact_nb(o, c, inst, w, float(k), out, need):
+        _bb_two_pass_nb(o, c, inst, w, float(k), out, need)
+    return out
 
 
 @njit(cache=True, nogil=True)

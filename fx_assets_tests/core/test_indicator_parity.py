@@ -6,6 +6,8 @@ and the wrappers' input validation."""
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -229,6 +231,71 @@ def test_bollinger_short_series_and_other_window() -> None:
         np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
         ok = ~np.isnan(got)
         assert not ok.any() or np.max(np.abs(got[ok] - ref[ok])) <= TOL
+
+
+def _exact_pctb(window: list[float], k: float) -> float:
+    """%b of the last close of one window, population sigma, in exact arithmetic (fractions,
+    then a 50-digit square root), rounded once to float."""
+    xs = [Fraction(x) for x in window]
+    w = len(xs)
+    s1 = sum(xs, Fraction(0))
+    d = w * sum((x * x for x in xs), Fraction(0)) - s1 * s1
+    if d == 0:
+        return 0.5
+    n = w * xs[-1] - s1
+    with localcontext() as ctx:
+        ctx.prec = 50
+        root = (Decimal(d.numerator) / Decimal(d.denominator)).sqrt()
+        return float(Decimal("0.5") + Decimal(n.numerator) / Decimal(n.denominator) / (2 * Decimal(k) * root))
+
+
+def _grid_series(n: int) -> tuple[np.ndarray, ...]:
+    """Closes on the 0.25 grid with rolls (bars 5, 30, 31, 700, 712, 1500) and a flat stretch,
+    plus off-grid closes at bars 400 and 1203..1205 (what a non-binary tick would give)."""
+    o, _h, _lo, c, inst = _series(n, 8, 0.25)
+    c = c.copy()
+    c[400] += 0.1
+    c[1203:1206] += 0.01
+    return o, c, inst
+
+
+def test_bollinger_on_a_binary_grid_is_exact() -> None:
+    """Bars whose window holds no roll and only closes on the grid come from exact integer
+    sums: within one ulp-scale step of the exact value (the two-pass float sums were up to
+    ~2e-13 off). The other bars keep the two-pass reference's value."""
+    o, c, inst = _grid_series(2200)
+    w, k = 20, 2.0
+    got = bf.bollinger_pctb(o, c, inst, w, k)
+    ref = ref_pctb(o.tolist(), c.tolist(), inst.tolist(), w, k)
+    off_grid = {400, 1203, 1204, 1205}
+    rolls = {5, 30, 31, 700, 712, 1500}
+    n_exact = 0
+    for j in range(w - 1, c.size):
+        window = range(j - w + 1, j + 1)
+        if any(m in off_grid for m in window) or any(r in rolls for r in range(j - w + 2, j + 1)):
+            assert abs(got[j] - ref[j]) <= TOL, j
+            continue
+        want = _exact_pctb(c[j - w + 1 : j + 1].tolist(), k)
+        assert abs(got[j] - want) <= 4 * np.spacing(max(abs(want), 1.0)), (j, got[j], want)
+        n_exact += 1
+    assert n_exact > 1800
+
+
+def test_bollinger_bars_do_not_depend_on_the_start_or_on_later_closes() -> None:
+    """Each bar's value is a function of its own window: the same bits for a series cut
+    anywhere before the window, and unchanged when every later close moves (off the grid,
+    which sends the later bars to the two-pass kernel)."""
+    o, c, inst = _grid_series(2200)
+    w, k = 20, 2.0
+    full = bf.bollinger_pctb(o, c, inst, w, k)
+    for s in (1, 37, 390, 1190):
+        cut = bf.bollinger_pctb(o[s:], c[s:], inst[s:], w, k)
+        np.testing.assert_array_equal(cut[w - 1 :], full[s + w - 1 :], err_msg=f"start {s}")
+    for t in (395, 1000, 1201):
+        moved = c.copy()
+        moved[t + 1 :] += 0.01
+        head = bf.bollinger_pctb(o, moved, inst, w, k)[: t + 1]
+        np.testing.assert_array_equal(head, full[: t + 1], err_msg=f"closes after {t} moved")
 
 
 def test_indicator_wrappers_reject_bad_input() -> None:
