@@ -547,7 +547,8 @@ def render_scaleout(name: str, res: dict[str, Any] | None) -> str:
         wf = g.get("walk_forward_3_folds_10_epochs_s", {})
         rows.append(
             [
-                f"GPU side (from `{g.get('source', '?')}`, {g.get('gpu', '?')})",
+                f"GPU side (copied from `{g.get('source', '?')}` when this file was written, "
+                f"{str(res.get('when', '?'))[:10]}; later GPU runs are in that file, {g.get('gpu', '?')})",
                 f"{fmt(g['fxcache_bytes_per_scale1_quarter'] / 1e9)} GB of fxcache per scale-1 quarter on the "
                 f"device, loaded at {fmt(g['load_end_to_end_GBps'])} GB/s; fold transition "
                 f"{fmt(g['fold_transition_ms'])} ms; 3 folds × 10 epochs: "
