@@ -912,7 +912,7 @@ def _git_head() -> str:
 
 
 def run(
-    quick: bool = False, rounds: int | None = None, baseline: Path | None = None, name: str = "bench_features"
+    quick: bool = False, rounds: int | None = None, baseline: Path | None = None, name: str | None = None
 ) -> dict[str, Any]:
     """The 7 feature stages of a ``--scale 1`` quarter, warm, through the assets' calls
     (``_asset_stages``), each round in a fresh process; writes
@@ -920,7 +920,9 @@ def run(
     export of an earlier commit (``git archive COMMIT | tar -x -C DIR``, this module copied
     into it): its stages run in the same rounds, A B then B A (the order swapped every round),
     and its outputs must equal this checkout's bit for bit. ``name``: the result file's name (``--name=NAME``:
-    benchmarks/results/NAME.json)."""
+    benchmarks/results/NAME.json; by default bench_features, or bench_features_quick for a quick
+    run, so that a quick run never replaces the full figures)."""
+    name = name or ("bench_features_quick" if quick else "bench_features")
     n_rounds = rounds or (3 if quick else 5)
     load_before = load_average()
     t_start = time.perf_counter()
@@ -1102,7 +1104,9 @@ def main(argv: list[str]) -> None:
         "rounds, alternating, outputs compared bit for bit",
     )
     ap.add_argument(
-        "--name", default="bench_features", help="result file name (benchmarks/results/NAME.json)"
+        "--name",
+        default=None,
+        help="result file name (benchmarks/results/NAME.json; default bench_features, bench_features_quick with --quick)",
     )
     ap.add_argument("--scaling", action="store_true", help="the 1 / 3 / 9-quarter pipeline runs instead")
     ap.add_argument(
