@@ -258,3 +258,33 @@ def test_trade_source_windows_with_unsigned_trades(
     flow = act.active_trade_flow(path, cal)
     assert (flow.sign == 0).sum() > 100
     assert _windows_equal(src, flow, cols["ts_recv"]) > 1000
+
+
+def test_trades_without_a_positive_defined_price_or_size_are_not_kept(
+    quarter: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Active-contract trades with a zero, negative or undefined price, or a zero size (the
+    synthetic market has none): no loader keeps them (the numpy definition, every loader), and
+    the OFI stage's windows out of the sidecar are the flow's."""
+    path, cal = quarter
+    monkeypatch.setattr(act, "_MIN_TRADES_PER_THREAD", 1000)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    cols = dict(sidecar_columns(path, NAMES))
+    sess = session_day(cols["ts_recv"])
+    active, known = cal.active_instrument(sess)
+    kept = np.flatnonzero(known & (cols["instrument_id"] == active))
+    n_before = _check(path, cal, cols, None)
+    price, size = cols["price"].copy(), cols["size"].copy()
+    picks = kept[5::97]
+    groups = np.array_split(picks, 4)
+    price[groups[0]] = 0
+    price[groups[1]] = -price[groups[1]]
+    price[groups[2]] = UNDEF_PRICE
+    size[groups[3]] = 0
+    cols.update(price=price, size=size)
+    monkeypatch.setattr(act, "sidecar_columns", lambda _p, names: {k: cols[k] for k in names})
+    assert all(g.size > 10 for g in groups)
+    assert _check(path, cal, cols, None) == n_before - picks.size
+    src = act.trade_source(path, cal)
+    assert isinstance(src, act.TradeSidecar)
+    assert _windows_equal(src, act.active_trade_flow(path, cal), cols["ts_recv"]) > 1000
