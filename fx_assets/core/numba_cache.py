@@ -1,0 +1,67 @@
+"""numba's on-disk kernel cache, in a directory named by the package's sources.
+
+numba judges a cached kernel by the timestamp and size of the kernel's own source file only.
+The kernels here call helpers of other modules (``active_contract._kept_trade``,
+``book._valid_touch``, ``calendar.interval_of``, ...), and numba compiles a helper's code into
+each kernel that calls it. After an edit of a helper's module, the cached kernels of the other
+modules still look fresh, and a process runs them with the old helper inside; the stage cache
+keys, which follow every source file (:mod:`fx_assets.core.codeversion`), would then label old
+results as the new code's. So the kernels are cached under ``numba-<fingerprint>``, the
+fingerprint being :func:`codeversion.package_fingerprint` (every source file of the package):
+any edit, of any module, starts from an empty cache. Within one directory the sources cannot
+have changed, so numba's own check is enough there.
+
+The directory sits in ``$NUMBA_CACHE_DIR`` when that is set, else in ``~/.cache/fx_assets``
+(beside the code-version cache). The newest :data:`KEEP` directories are kept; older ones
+(earlier source states: edits, upgrades, other worktrees) are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+KEEP = 6  # cache directories kept (one per source state)
+PREFIX = "numba-"
+
+
+def use_versioned_cache(fingerprint: str | None = None, base: Path | None = None) -> Path:
+    """Point numba's cache at ``base / numba-<fingerprint>`` (defaults: the package's source
+    fingerprint; ``$NUMBA_CACHE_DIR`` or ``~/.cache/fx_assets``) and prune older directories.
+
+    Must run before the modules that define cached kernels are imported: numba fixes a
+    kernel's cache location when its decorator runs."""
+    import numba
+
+    from fx_assets.core.codeversion import _cache_dir, package_fingerprint
+
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    name = f"{PREFIX}{fingerprint or package_fingerprint()}"
+    roots = [base if base is not None else (Path(env) if env else _cache_dir())]
+    # an unwritable home must not send numba back to its __pycache__ caches (the stale ones)
+    roots.append(Path(tempfile.gettempdir()) / f"fx_assets-{os.getuid()}")
+    for root in roots:
+        path = root / name
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            os.utime(path)  # in use: the newest, whatever pruning another process does
+            if os.access(path, os.W_OK):
+                prune(root, KEEP, path)
+                break
+        except OSError:
+            continue
+    numba.config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
+    return path
+
+
+def prune(root: Path, keep: int, current: Path) -> list[Path]:
+    """Remove the ``numba-*`` directories of ``root`` beyond the ``keep`` newest (by mtime),
+    never ``current``; returns those removed."""
+    dirs = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p != current]
+    dirs.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    gone = dirs[max(keep - 1, 0) :]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
