@@ -47,9 +47,10 @@ import pyarrow as pa
 from numba import njit
 from pydantic import Field, model_validator
 
+from fx_assets.core.active_contract import _aggressor_sign, _kept_trade
 from fx_assets.core.calendar import interval_of
 from fx_assets.core.configmodel import ConfigModel
-from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
+from fx_assets.core.dbn import PRICE_DIVISOR
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.tables import array_of, numpy_of
 
@@ -540,8 +541,6 @@ def _aggregate_nb(ts, price, size, b, close_idx):
 
 _ERR_ACTION = 6  # a record that is not a trade (the wrapper raises check_trade_actions' message)
 _ACTION_TRADE = ord("T")
-_SIDE_BUY = ord("B")
-_SIDE_SELL = ord("A")
 
 
 @njit(cache=True, nogil=True)
@@ -607,13 +606,12 @@ def _sidecar_threshold_bars_nb(ts, iid, price, size, side, action, bounds, act, 
             a = act[(k - 1) >> 1]
             x = iid[i]
             q = price[i]
-            if a < 0 or int(x) != a or q == UNDEF_PRICE or q <= 0 or size[i] <= 0:
+            if not _kept_trade(a >= 0 and int(x) == a, q, size[i]):
                 continue
             # the values of active_contract._active_write_nb
             p = q / PRICE_DIVISOR
             v = float(size[i])
-            c = side[i]
-            sg = 1 if c == _SIDE_BUY else (-1 if c == _SIDE_SELL else 0)
+            sg = _aggressor_sign(side[i])
             s_i = days[(k - 1) >> 1]
             if not started:
                 started = True

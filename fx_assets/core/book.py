@@ -40,6 +40,14 @@ class BookSource:
 _BOOK_FIELDS = ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")
 
 
+@njit(cache=True, inline="always")
+def _valid_touch(bid: int, ask: int) -> bool:
+    """The one rule of which MBP-10 records carry a usable top of book (raw int prices): both
+    best prices defined, the bid positive, not crossed. (The OFI kernel applies the same rule
+    to float prices, where an undefined price is NaN.)"""
+    return bid != UNDEF_PRICE and ask != UNDEF_PRICE and bid > 0 and bid <= ask
+
+
 def _book_columns(levels: int) -> list[str]:
     """The MBP-10 sidecar columns the OFI pass reads: levels ``0 .. levels-1`` only."""
     return ["ts_recv", "instrument_id"] + [f"{f}_{i:02d}" for f in _BOOK_FIELDS for i in range(levels)]

@@ -11,8 +11,8 @@ import numpy.typing as npt
 from numba import njit
 
 from fx_assets.core.active_contract import _active_at, _active_table
-from fx_assets.core.book import DEFAULT_BOOK_CHUNK, BookSource
-from fx_assets.core.dbn import PRICE_DIVISOR, UNDEF_PRICE
+from fx_assets.core.book import DEFAULT_BOOK_CHUNK, BookSource, _valid_touch
+from fx_assets.core.dbn import PRICE_DIVISOR
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.sidecar import sidecar_columns
 
@@ -49,7 +49,7 @@ def _mid_asof_nb(
         while i < n and ts[i] <= t:
             b = bid[i]
             a = ask[i]
-            if b != UNDEF_PRICE and a != UNDEF_PRICE and b > 0 and b <= a:
+            if _valid_touch(b, a):
                 ok, k = _active_at(bounds, act, ts[i], int(iid[i]), k)
                 if ok:
                     mid = (b / PRICE_DIVISOR + a / PRICE_DIVISOR) / 2.0

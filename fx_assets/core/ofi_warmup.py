@@ -19,8 +19,7 @@ from numba import njit
 from fx_assets.core import ofi as ofi_core
 from fx_assets.core.active_contract import _active_at, _active_table
 from fx_assets.core.bars import BarTable
-from fx_assets.core.book import BookSource
-from fx_assets.core.dbn import UNDEF_PRICE
+from fx_assets.core.book import BookSource, _valid_touch
 from fx_assets.core.sidecar import sidecar_columns
 
 F64 = npt.NDArray[np.float64]
@@ -46,7 +45,7 @@ def _mark_snapshot_bars_nb(
     for i in range(ts.shape[0]):
         b = bid[i]
         a = ask[i]
-        if b == UNDEF_PRICE or a == UNDEF_PRICE or b <= 0 or b > a:
+        if not _valid_touch(b, a):
             continue
         t = ts[i]
         ok, k = _active_at(bounds, act, t, int(iid[i]), k)

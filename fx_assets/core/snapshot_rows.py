@@ -54,9 +54,8 @@ from numba import njit
 from fx_assets.core.active_contract import _active_at, _active_table, _kept_trade, contract_codes_of
 from fx_assets.core.bar_features import FeatureTable
 from fx_assets.core.bars import BarTable
-from fx_assets.core.book import _BOOK_FIELDS, BookSource, _BookBuffers, _gather_book_nb
+from fx_assets.core.book import _BOOK_FIELDS, BookSource, _BookBuffers, _gather_book_nb, _valid_touch
 from fx_assets.core.calendar import interval_of
-from fx_assets.core.dbn import UNDEF_PRICE
 from fx_assets.core.errors import FxDataError
 from fx_assets.core.fxcache import DType, FxCacheWriter
 from fx_assets.core.page_release import PageReleaser, release_free_heap
@@ -98,7 +97,7 @@ def _row_of(
         return 1 + _C_INACTIVE, -1, k
     if not (flags & F_LAST):
         return 1 + _C_NOT_LAST, -1, k
-    if b == UNDEF_PRICE or a == UNDEF_PRICE or b <= 0 or b > a:
+    if not _valid_touch(b, a):
         return 1 + _C_NO_TOUCH, -1, k
     return 0, s, k
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from fx_assets.core import mid_asof
 from fx_assets.core import snapshot_rows as sr
 from fx_assets.core.active_contract import active_trades, quarter_roll_calendar
 from fx_assets.core.bar_features import BarFeatureConfig, FeatureTable
@@ -30,6 +31,7 @@ from fx_assets.core.sidecar import ensure_sidecar, open_sidecar, read_symbol_map
 from fx_assets.core.snapshot_features import BAR_PROGRESS_NAMES, SnapshotFeatureConfig, feature_names
 from fx_assets.core.snapshot_labels import running_breaks
 from fx_assets_tests.conftest import make_market
+from fx_assets_tests.test_stage_invariants import rewrite_dbn
 
 Q = "2024-Q1"  # holds the March roll
 KEY = bytes(range(32))
@@ -596,3 +598,44 @@ def test_the_stage_hands_back_the_free_heap_before_its_work(
         trades=quarter.trades,
     )
     assert order == ["release", "plan"]
+
+
+def test_records_without_a_usable_touch_are_neither_rows_nor_mids(quarter: Quarter, tmp_path: Path) -> None:
+    """Active-contract last records whose top of book is crossed, one-sided (an undefined
+    price) or has a non-positive bid (the synthetic market has none): not rows (the numpy
+    definition, ``reference_rows``), and ``book_mid_asof`` passes over them to the last usable
+    record before (``book._valid_touch``, the one rule both apply)."""
+    ref0 = reference_rows(quarter.book)
+    picks = ref0[3::41]
+    groups = np.array_split(picks, 4)
+    tick = 250_000_000  # 0.25 in DBN price units
+
+    def plant(rec: np.ndarray) -> np.ndarray:
+        rec["bid_px_00"][groups[0]] = rec["ask_px_00"][groups[0]] + tick  # crossed
+        rec["bid_px_00"][groups[1]] = np.iinfo(np.int64).max  # no bid
+        rec["ask_px_00"][groups[2]] = np.iinfo(np.int64).max  # no ask
+        rec["bid_px_00"][groups[3]] = 0
+        return rec
+
+    raw = quarter.book.path.parents[2] / "market" / "raw" / "mbp-10" / "ES.FUT" / f"ES.FUT_{Q}.dbn.zst"
+    planted = rewrite_dbn(raw, tmp_path / "planted.dbn.zst", plant)
+    book = BookSource(ensure_sidecar(planted, tmp_path / "sc").path, quarter.calendar)
+    assert all(g.size > 5 for g in groups)
+    ref = reference_rows(book)
+    assert ref.size == ref0.size - picks.size
+    plan = sr.plan_snapshot_rows(book, quarter.bars, quarter.features, trades=quarter.trades)
+    assert plan.n_selected == ref.size
+    # the mid as of each planted record's time: the last usable active record's at or before it
+    # (any record of the event, F_LAST or not)
+    c = sidecar_columns(book.path, ["ts_recv", "instrument_id", "bid_px_00", "ask_px_00"])
+    iid, known = book.calendar.active_instrument(session_day(c["ts_recv"]))
+    b, a = c["bid_px_00"].astype(np.int64), c["ask_px_00"].astype(np.int64)
+    undef = np.iinfo(np.int64).max
+    usable = np.flatnonzero(
+        known & (c["instrument_id"] == iid) & (b != undef) & (a != undef) & (b > 0) & (b <= a)
+    )
+    q = c["ts_recv"][picks]
+    at = np.searchsorted(c["ts_recv"][usable], q, side="right") - 1
+    mids = (b[usable] / 1e9 + a[usable] / 1e9) / 2
+    want = np.where(at >= 0, mids[np.maximum(at, 0)], np.nan)
+    np.testing.assert_array_equal(mid_asof.book_mid_asof(book, q), want)
