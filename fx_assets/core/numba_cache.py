@@ -11,20 +11,23 @@ fingerprint being :func:`codeversion.package_fingerprint` (every source file of 
 any edit, of any module, starts from an empty cache. Within one directory the sources cannot
 have changed, so numba's own check is enough there.
 
-The directory sits in ``$NUMBA_CACHE_DIR`` when that is set, else in ``~/.cache/fx_assets``
-(beside the code-version cache). The newest :data:`KEEP` directories are kept; older ones
-(earlier source states: edits, upgrades, other worktrees) are removed.
+The directory sits in ``$NUMBA_CACHE_DIR`` when the user set it, else in ``~/.cache/fx_assets``
+(beside the code-version cache; a temporary directory when that is not writable, never numba's
+in-tree ``__pycache__``). The newest :data:`KEEP` directories are kept; older ones (earlier
+source states: edits, upgrades, other worktrees) are removed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 KEEP = 6  # cache directories kept (one per source state)
 PREFIX = "numba-"
+ROOT_ENV = "FX_NUMBA_CACHE_ROOT"  # the root this package chose, for its child processes
 
 
 def use_versioned_cache(fingerprint: str | None = None, base: Path | None = None) -> Path:
@@ -32,17 +35,29 @@ def use_versioned_cache(fingerprint: str | None = None, base: Path | None = None
     fingerprint; ``$NUMBA_CACHE_DIR`` or ``~/.cache/fx_assets``) and prune older directories.
 
     Must run before the modules that define cached kernels are imported: numba fixes a
-    kernel's cache location when its decorator runs."""
-    import numba
-
+    kernel's cache location when its decorator runs. numba itself is not imported here (the
+    decoder's command line does without it): the location goes into ``NUMBA_CACHE_DIR``, which
+    numba reads when it is imported (and into its config if it already is). Child processes
+    inherit that variable; ``FX_NUMBA_CACHE_ROOT`` tells an fx_assets child that it was set
+    here, so the child keys its own sources under the same root instead of nesting in it."""
     from fx_assets.core.codeversion import _cache_dir, package_fingerprint
 
-    env = os.environ.get("NUMBA_CACHE_DIR")
     name = f"{PREFIX}{fingerprint or package_fingerprint()}"
-    roots = [base if base is not None else (Path(env) if env else _cache_dir())]
+    env_dir = os.environ.get("NUMBA_CACHE_DIR")
+    set_here = os.environ.get(ROOT_ENV)
+    if base is not None:
+        first = base
+    elif (
+        env_dir
+        and set_here
+        and Path(env_dir).parent == Path(set_here)
+        and Path(env_dir).name.startswith(PREFIX)
+    ):
+        first = Path(set_here)  # a parent fx_assets process chose it: same root, own sources
+    else:
+        first = Path(env_dir) if env_dir else _cache_dir()
     # an unwritable home must not send numba back to its __pycache__ caches (the stale ones)
-    roots.append(Path(tempfile.gettempdir()) / f"fx_assets-{os.getuid()}")
-    for root in roots:
+    for root in (first, Path(tempfile.gettempdir()) / f"fx_assets-{os.getuid()}"):
         path = root / name
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -52,7 +67,11 @@ def use_versioned_cache(fingerprint: str | None = None, base: Path | None = None
                 break
         except OSError:
             continue
-    numba.config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
+    os.environ["NUMBA_CACHE_DIR"] = str(path)
+    os.environ[ROOT_ENV] = str(path.parent)
+    numba = sys.modules.get("numba")
+    if numba is not None:  # imported before fx_assets: its config has read the variable already
+        numba.config.CACHE_DIR = str(path)
     return path
 
 

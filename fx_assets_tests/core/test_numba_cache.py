@@ -76,21 +76,32 @@ def test_an_edit_of_a_helpers_module_reaches_the_cached_kernels_of_other_modules
     assert got == (6 if versioned else 4)
 
 
-def test_the_package_uses_a_cache_named_by_its_sources(tmp_path: Path) -> None:
-    """Importing fx_assets points numba at numba-<package fingerprint>, under ~/.cache/fx_assets
-    or under $NUMBA_CACHE_DIR when that is set."""
-    assert numba.config.CACHE_DIR == str(
-        Path(os.environ.get("NUMBA_CACHE_DIR") or _cache_dir()) / f"numba-{package_fingerprint()}"
-    )
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+def _child_cache_dir(env: dict[str, str]) -> str:
     code = "import fx_assets, numba; print(numba.config.CACHE_DIR)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(tmp_path / f"numba-{package_fingerprint()}")
+    return out.stdout.strip()
+
+
+def test_the_package_uses_a_cache_named_by_its_sources(tmp_path: Path) -> None:
+    """Importing fx_assets points numba at numba-<package fingerprint> under ~/.cache/fx_assets,
+    or under $NUMBA_CACHE_DIR when the user set it; a child process that inherits the variable
+    from an fx_assets parent uses the same root (it does not nest a directory in the parent's)."""
+    fp = package_fingerprint()
+    here = os.environ["NUMBA_CACHE_DIR"]
+    assert numba.config.CACHE_DIR == here == str(Path(os.environ[numba_cache.ROOT_ENV]) / f"numba-{fp}")
+    plain = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", numba_cache.ROOT_ENV)}
+    assert _child_cache_dir(plain) == str(_cache_dir() / f"numba-{fp}")
+    assert _child_cache_dir(dict(plain, NUMBA_CACHE_DIR=str(tmp_path))) == str(tmp_path / f"numba-{fp}")
+    assert _child_cache_dir(dict(os.environ)) == here  # inherited from this process
+    user = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "mine"))  # set by the user in between
+    assert _child_cache_dir(user) == str(tmp_path / "mine" / f"numba-{fp}")
 
 
 def test_older_source_states_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The newest KEEP directories stay (the one in use whatever its age); older ones go."""
     monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)  # restored after
+    for var in ("NUMBA_CACHE_DIR", numba_cache.ROOT_ENV):
+        monkeypatch.setenv(var, os.environ[var])
     for i in range(numba_cache.KEEP + 3):
         d = tmp_path / f"numba-{i:02d}"
         d.mkdir()
