@@ -915,8 +915,11 @@ def _bb_exact_nb(o, c, inst, w, kk, out, need):
     is within reach of the block."""
     nb = c.shape[0]
     lim = 2147483648.0 / w
-    xp = np.zeros(nb + w, np.int64)  # X with w leading zeros: bar j drops xp[j] = X[j - w]
-    bad = np.zeros(nb, np.uint8)
+    # X of the block's bars after those of the w bars before it (zeros before bar 0): bar
+    # j0 + i adds xb[w + i] and drops xb[i]. Block-sized scratch: the kernel's temporaries do
+    # not grow with the series (the output and the ``need`` flags are the caller's).
+    xb = np.zeros(_BB_BLOCK + w, np.int64)
+    bad = np.zeros(_BB_BLOCK, np.uint8)
     s1a = np.empty(_BB_BLOCK, np.int64)
     s2a = np.empty(_BB_BLOCK, np.int64)
     h = 0.5 / kk
@@ -930,8 +933,8 @@ def _bb_exact_nb(o, c, inst, w, kk, out, need):
         j1 = min(j0 + _BB_BLOCK, nb)
         nj = j1 - j0
         cj = c[j0:j1]
-        xj = xp[j0 + w : j1 + w]
-        bj = bad[j0:j1]
+        xj = xb[w : w + nj]
+        bj = bad[:nj]
         n_bad = 0
         for i in range(nj):  # vectorises
             x = cj[i] * _BB_GRID
@@ -942,7 +945,7 @@ def _bb_exact_nb(o, c, inst, w, kk, out, need):
         n_roll = 0
         for k in range(max(j0, 1), j1):
             n_roll += 1 if inst[k] != inst[k - 1] else 0
-        yj = xp[j0:j1]
+        yj = xb[:nj]
         for i in range(nj):  # serial: exact, so adding and dropping in any order is the same
             x = xj[i]
             y = yj[i]
@@ -957,7 +960,7 @@ def _bb_exact_nb(o, c, inst, w, kk, out, need):
             oj[i] = 0.5 + h * (float(w * xj[i] - s) / math.sqrt(float(d))) if d > 0 else 0.5
         if n_bad or n_roll or last_bad > j0 - w or last_roll > j0 - w + 1:
             for j in range(j0, j1):
-                if bad[j]:
+                if bj[j - j0]:
                     last_bad = j
                 if j > 0 and inst[j] != inst[j - 1]:
                     last_roll = j
@@ -965,6 +968,8 @@ def _bb_exact_nb(o, c, inst, w, kk, out, need):
                 if j >= w - 1 and (last_bad > j - w or last_roll > j - w + 1):
                     need[j] = True
                     n_need += 1
+        for i in range(w):  # the last w closes of the block lead the next block's window
+            xb[i] = xb[nj + i]
         j0 = j1
     for j in range(min(w - 1, nb)):
         out[j] = np.nan
