@@ -579,6 +579,19 @@ def test_chunk_bounds_guide_only_the_tail() -> None:
     assert bar_rows._chunk_bounds(np.zeros(0, np.int64), 0, 100, 2) == [0]
 
 
+def test_populated_output_columns_are_separate_writable_rows() -> None:
+    """quarter_ofi's output columns (one pre-faulted mapping): k C-contiguous float64 columns of
+    n rows, each written without touching another (what the chunks' copies rely on)."""
+    for k, n in ((33, 10_007), (3, 1), (0, 5), (4, 0)):
+        cols = bar_rows._populated_columns(k, n)
+        assert len(cols) == k
+        for i, c in enumerate(cols):
+            assert c.shape == (n,) and c.dtype == np.float64 and c.flags.c_contiguous and c.flags.writeable
+            c[:] = np.arange(n, dtype=np.float64) + 1e6 * i
+        for i, c in enumerate(cols):
+            assert np.array_equal(c, np.arange(n, dtype=np.float64) + 1e6 * i)
+
+
 # --- 4. conservation, sessions and rolls -------------------------------------------------------
 
 

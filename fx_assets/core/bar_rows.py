@@ -23,6 +23,7 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 from __future__ import annotations
 
 import itertools
+import mmap
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -236,6 +237,19 @@ def quarter_bar_features(
     return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
 
 
+def _populated_columns(k: int, n: int) -> list[F64]:
+    """``k`` float64 columns of ``n`` rows (rows of one anonymous mapping), their pages faulted
+    in by the kernel in one call (``MAP_POPULATE``, where the platform has it) instead of one
+    page fault at a time when the chunks first write them (~46 k faults for the scale-1
+    quarter's OFI columns, 0.07-0.2 s of the chunk threads' system time); ``quarter_ofi`` has
+    this done on a second thread while it plans the chunks. Contents undefined (zeros)."""
+    if k * n == 0:
+        return [np.empty(n, np.float64) for _ in range(k)]
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    block = np.frombuffer(mmap.mmap(-1, k * n * 8, flags=flags), np.float64).reshape(k, n)
+    return list(block)
+
+
 class _OfiOutput:
     """The quarter's OFI columns, allocated once; each chunk copies its bars in at their offset
     (on its own thread, right after computing them), so no chunk result is held for a final
@@ -244,7 +258,8 @@ class _OfiOutput:
     def __init__(self, n: int, ts_close: npt.NDArray[np.int64], config: ofi_core.OfiConfig) -> None:
         self.ts_close = np.ascontiguousarray(ts_close, dtype=np.int64).copy()
         self.bars_since_reset = np.empty(n, np.int32)
-        self.columns = {nm: ofi_core._empty_1d(n) for nm in ofi_core.feature_names(config)}
+        names = ofi_core.feature_names(config)
+        self.columns = dict(zip(names, _populated_columns(len(names), n), strict=True))
         self.first: ofi_core.OfiFeatures | None = None
 
     def put(self, offset: int, part: ofi_core.OfiFeatures) -> None:
@@ -437,6 +452,11 @@ def quarter_ofi(
     trade_sources.append(trades)
     sources.append((book, book_cols))
     n_all = len(ts_close)
+    # The output columns are allocated (and their pages faulted in) on a second thread while
+    # this one plans the chunks (the planning runs on one core).
+    alloc = ThreadPoolExecutor(1, thread_name_prefix="quarter_ofi-out")
+    output = alloc.submit(_OfiOutput, n_all - n_warm, ts_close[n_warm:], config)
+    alloc.shutdown(wait=False)
 
     def close_before(j: int) -> int | None:
         return int(ts_close[j - 1]) if j > 0 else before_first
@@ -508,7 +528,7 @@ def quarter_ofi(
         default=0,
     )
 
-    result = _OfiOutput(n_all - n_warm, ts_close[n_warm:], config)
+    result = output.result()
 
     def run_chunk(k: int) -> None:
         b0, b1, w0, t_start, lo_t, hi_t, spans = plans[k]
