@@ -23,7 +23,6 @@ Owns how the per-quarter bar stages are fed; the kernels live in :mod:`bars`,
 from __future__ import annotations
 
 import itertools
-import mmap
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -237,17 +236,22 @@ def quarter_bar_features(
     return compute_bar_features(bars, config, warmup=warmup_tail(previous, max_window(config)))
 
 
+# float64 values per 4 KiB page: one write each faults a column's pages in.
+_F64_PER_PAGE = 512
+
+
 def _populated_columns(k: int, n: int) -> list[F64]:
-    """``k`` float64 columns of ``n`` rows (rows of one anonymous mapping), their pages faulted
-    in by the kernel in one call (``MAP_POPULATE``, where the platform has it) instead of one
-    page fault at a time when the chunks first write them (~46 k faults for the scale-1
-    quarter's OFI columns, 0.07-0.2 s of the chunk threads' system time); ``quarter_ofi`` has
-    this done on a second thread while it plans the chunks. Contents undefined (zeros)."""
-    if k * n == 0:
-        return [np.empty(n, np.float64) for _ in range(k)]
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    block = np.frombuffer(mmap.mmap(-1, k * n * 8, flags=flags), np.float64).reshape(k, n)
-    return list(block)
+    """``k`` float64 columns of ``n`` rows, each page already faulted in (one write per page;
+    values undefined), so that the chunk threads do not take ~46 k page faults (the scale-1
+    quarter's OFI columns, 0.07-0.2 s of their system time) as they first copy their rows in;
+    ``quarter_ofi`` has this done on a second thread while it plans the chunks. Allocated as
+    before (numba's allocator, i.e. malloc): memory the process frees at the end of the stage
+    stays where the next stage reuses it (an anonymous mapping of its own would be handed back
+    to the OS on free, and the fxcache stage re-faulted it: +0.1 s there)."""
+    cols = [ofi_core._empty_1d(n) for _ in range(k)]
+    for c in cols:
+        c[::_F64_PER_PAGE] = 0.0
+    return cols
 
 
 class _OfiOutput:
