@@ -542,45 +542,8 @@ def test_chunked_ofi_equals_unchunked(
             assert d <= TOL, f"{o.label} chunk {chunk}: OFI {name} max |diff| {d}"
 
 
-def _old_chunk_bounds(cum: np.ndarray, n_warm: int, per_chunk: int) -> list[int]:
-    """quarter_ofi's chunk cuts before the guided tail: chunks of ``per_chunk`` events."""
-    bounds = [n_warm]
-    while bounds[-1] < len(cum):
-        start = bounds[-1]
-        base = int(cum[start - 1]) if start > 0 else 0
-        nxt = int(np.searchsorted(cum, base + per_chunk, side="right"))
-        bounds.append(min(max(nxt, start + 1), len(cum)))
-    return bounds
-
-
-def test_chunk_bounds_guide_only_the_tail() -> None:
-    """One worker: the fixed-size cuts. Several: the same cuts while more than TAIL_SHARE *
-    workers chunks of events are left, then shrinking chunks (each at most 1 / (TAIL_SHARE *
-    workers) of what is left, or 1 / TAIL_MIN of a chunk, or one bar); every bar in one chunk."""
-    rng = np.random.default_rng(3)
-    cum = np.cumsum(rng.integers(0, 400, 5000)).astype(np.int64)
-    total = int(cum[-1])
-    for n_warm in (0, 37):
-        for per in (1, 1000, 20_000, 10**9):
-            ref = _old_chunk_bounds(cum, n_warm, per)
-            assert bar_rows._chunk_bounds(cum, n_warm, per, 1) == ref
-            for w in (2, 7):
-                got = bar_rows._chunk_bounds(cum, n_warm, per, w)
-                assert got[0] == n_warm and got[-1] == len(cum)
-                assert all(a < b for a, b in itertools.pairwise(got))
-                floor = max(1, per // bar_rows.TAIL_MIN)
-                for a, b in itertools.pairwise(got):
-                    left = total - (int(cum[a - 1]) if a > 0 else 0)
-                    events = int(cum[b - 1]) - (int(cum[a - 1]) if a > 0 else 0)
-                    if left > bar_rows.TAIL_SHARE * w * per:  # before the tail: the old cut
-                        assert b == ref[ref.index(a) + 1]
-                    limit = min(per, max(floor, -(-left // (bar_rows.TAIL_SHARE * w))))
-                    assert events <= limit or b == a + 1, (n_warm, per, w, a, b, events, limit)
-    assert bar_rows._chunk_bounds(np.zeros(0, np.int64), 0, 100, 2) == [0]
-
-
 def test_populated_output_columns_are_separate_writable_rows() -> None:
-    """quarter_ofi's output columns (one pre-faulted mapping): k C-contiguous float64 columns of
+    """quarter_ofi's output columns (their pages touched in advance): k C-contiguous float64 columns of
     n rows, each written without touching another (what the chunks' copies rely on)."""
     for k, n in ((33, 10_007), (3, 1), (0, 5), (4, 0)):
         cols = bar_rows._populated_columns(k, n)

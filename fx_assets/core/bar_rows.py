@@ -369,32 +369,6 @@ def _trade_slices(
     return ofi_core.PreparedTrades(o_ts[:j], None, o_sz[:j], o_sg[:j], cols[3][:j], cols[4][:j])
 
 
-# The last chunks shrink (guided): each takes at most 1 / (TAIL_SHARE * workers) of the events
-# left, down to 1 / TAIL_MIN of a full chunk, so the threads finish together: the last chunk
-# started is what leaves the other threads idle at the end.
-TAIL_SHARE = 2
-TAIL_MIN = 4
-
-
-def _chunk_bounds(cum: I64, n_warm: int, per_chunk: int, workers: int) -> list[int]:
-    """Chunk starts over bars ``[n_warm, len(cum))`` and the end: chunks of about ``per_chunk``
-    events (``cum``: events up to each bar), the tail guided when ``workers`` > 1. Only where
-    the chunks are cut; no row's result depends on it."""
-    n_all = int(cum.shape[0])
-    total = int(cum[-1]) if n_all else 0
-    floor = max(1, per_chunk // TAIL_MIN)
-    bounds = [n_warm]
-    while bounds[-1] < n_all:
-        start = bounds[-1]
-        base = int(cum[start - 1]) if start > 0 else 0
-        size = per_chunk
-        if workers > 1:
-            size = min(per_chunk, max(floor, -(-(total - base) // (TAIL_SHARE * workers))))
-        nxt = int(np.searchsorted(cum, base + size, side="right"))
-        bounds.append(min(max(nxt, start + 1), n_all))
-    return bounds
-
-
 def quarter_ofi(
     bars: BarTable,
     trades: _TradeSource,
@@ -486,7 +460,12 @@ def quarter_ofi(
         ofi_core.search_right(c["ts_recv"], tc, hits)
         cum += hits
     del hits
-    bounds = _chunk_bounds(cum, n_warm, per_chunk, workers)
+    bounds = [n_warm]
+    while bounds[-1] < n_all:
+        start = bounds[-1]
+        base = int(cum[start - 1]) if start > 0 else 0
+        nxt = int(np.searchsorted(cum, base + per_chunk, side="right"))
+        bounds.append(min(max(nxt, start + 1), n_all))
     del cum
 
     tables = [_active_table(src.calendar, c["ts_recv"])[:2] for src, c in sources]
