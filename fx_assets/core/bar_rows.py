@@ -246,8 +246,8 @@ def _populated_columns(k: int, n: int) -> list[F64]:
     quarter's OFI columns, 0.07-0.2 s of their system time) as they first copy their rows in;
     ``quarter_ofi`` has this done on a second thread while it plans the chunks. Allocated as
     before (numba's allocator, i.e. malloc): memory the process frees at the end of the stage
-    stays where the next stage reuses it (an anonymous mapping of its own would be handed back
-    to the OS on free, and the fxcache stage re-faulted it: +0.1 s there)."""
+    stays where the next stage can reuse it (an anonymous mapping of its own goes back to the OS
+    on free; with one, the fxcache stage read +0.1 s CPU in bench_features_ofi7_15421f0)."""
     cols = [ofi_core._empty_1d(n) for _ in range(k)]
     for c in cols:
         c[::_F64_PER_PAGE] = 0.0
