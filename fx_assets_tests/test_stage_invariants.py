@@ -542,6 +542,19 @@ def test_chunked_ofi_equals_unchunked(
             assert d <= TOL, f"{o.label} chunk {chunk}: OFI {name} max |diff| {d}"
 
 
+def test_populated_output_columns_are_separate_writable_rows() -> None:
+    """quarter_ofi's output columns (their pages touched in advance): k C-contiguous float64 columns of
+    n rows, each written without touching another (what the chunks' copies rely on)."""
+    for k, n in ((33, 10_007), (3, 1), (0, 5), (4, 0)):
+        cols = bar_rows._populated_columns(k, n)
+        assert len(cols) == k
+        for i, c in enumerate(cols):
+            assert c.shape == (n,) and c.dtype == np.float64 and c.flags.c_contiguous and c.flags.writeable
+            c[:] = np.arange(n, dtype=np.float64) + 1e6 * i
+        for i, c in enumerate(cols):
+            assert np.array_equal(c, np.arange(n, dtype=np.float64) + 1e6 * i)
+
+
 # --- 4. conservation, sessions and rolls -------------------------------------------------------
 
 

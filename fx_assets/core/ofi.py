@@ -1682,6 +1682,36 @@ def _scan_column_nb(x, seg_first, lo, hi):
     return inf_j, nan_j, late_nan_j, out_j
 
 
+@njit(cache=True, nogil=True)
+def _column_flags_nb(x, seg_first, lo, hi):
+    """How many bars of a feature column `_scan_column_nb` would report in each of its four
+    classes (±inf, NaN, NaN after a non-NaN value of its segment, outside [lo, hi]): zero
+    exactly where it finds none. No branch and no state carried from bar to bar, so the
+    compiler vectorises it (~4x the scan's speed); only a column with something to report is
+    scanned. A NaN after a non-NaN value of its segment exists iff some NaN directly follows a
+    non-NaN value inside a segment (the bar after the segment's last non-NaN value before it),
+    which is what is counted (``seg_first[0]`` is taken as set)."""
+    n_inf = 0
+    n_nan = 0
+    n_late = 0
+    n_out = 0
+    n = x.shape[0]
+    if n:
+        v = x[0]
+        n_nan += v != v
+        n_inf += abs(v) == math.inf
+        n_out += (v < lo) | (v > hi)  # (False for NaN, as the scan skips it)
+    for j in range(1, n):
+        v = x[j]
+        u = x[j - 1]
+        nan = v != v
+        n_nan += nan
+        n_late += nan & (u == u) & (not seg_first[j])
+        n_inf += abs(v) == math.inf
+        n_out += (v < lo) | (v > hi)
+    return n_inf, n_nan, n_late, n_out
+
+
 def validate_ofi(table: OfiFeatures | pa.Table, partition: str) -> None:
     """Raise FxDataError (naming partition, feature, bar) unless the table is sound.
 
@@ -1708,7 +1738,12 @@ def validate_ofi(table: OfiFeatures | pa.Table, partition: str) -> None:
         if x.shape != (n,):
             raise FxDataError(f"ofi_features {partition}: feature {name} has shape {x.shape}")
         tol = 1e-9 * max(1.0, abs(spec.lower) if math.isfinite(spec.lower) else 1.0)
-        # One pass per column (numpy's isinf / isnan / bound masks took ~10 over each).
+        # One vectorised count per column; the scan (one pass, the first bar of each class)
+        # only where there is something to report (numpy's isinf / isnan / bound masks took
+        # ~10 passes over each).
+        n_inf, n_nan, n_late, n_out = _column_flags_nb(x, seg_first, spec.lower - tol, spec.upper + tol)
+        if not (n_inf or n_late or n_out or (n_nan and not spec.nan_prefix)):
+            continue
         inf_j, nan_j, late_nan_j, out_j = _scan_column_nb(x, seg_first, spec.lower - tol, spec.upper + tol)
         if inf_j >= 0:
             raise FxDataError(f"ofi_features {partition}: feature {name} is ±inf at {where(inf_j)}")

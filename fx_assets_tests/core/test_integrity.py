@@ -265,3 +265,51 @@ def test_boolean_column_digest_reads_the_bitmaps_as_fill_null_false_would() -> N
                 part = arr.slice(min(off, n))
                 want = part.fill_null(False).to_numpy(zero_copy_only=False)
                 assert np.array_equal(_bool_values(part), want)
+
+
+def _mixed_table(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "ts": pa.array(np.arange(n, dtype=np.int64)),
+            "x": pa.array(np.sin(np.arange(n, dtype=np.float64))),
+            "flag": pa.array(np.arange(n) % 3 == 0),
+            "sym": pa.array(["ESU4", None, "ESZ24"] * (n // 3) + ["x"] * (n % 3)),
+        }
+    ).replace_schema_metadata({b"fx.partition": b"ES.FUT 2024-Q3"})
+
+
+def _plain_ipc(table: pa.Table) -> bytes:
+    """The file pyarrow's writer gives for the checksummed table, written front to back."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=max(table.num_rows, 1))
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("extra", [0, 4096])
+def test_split_write_gives_the_plain_writers_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: int
+) -> None:
+    """A large table's file is written with its back half's pages populated by a second thread
+    (the file first extended to its counted size): the same bytes as pyarrow's writer alone,
+    also when the counted size is off (the file is cut back to what was written)."""
+    t = _mixed_table(30_001)
+    reads: list[tuple[int, int]] = []
+    real_read, real_size = tables._read_holes, tables._ipc_size
+
+    def spy(path: Path, lo: int, hi: int) -> None:
+        reads.append((lo, hi))
+        real_read(path, lo, hi)
+
+    monkeypatch.setattr(tables, "SPLIT_WRITE_BYTES", 1)
+    monkeypatch.setattr(tables, "_cpus", lambda: 2)
+    monkeypatch.setattr(tables, "_read_holes", spy)
+    monkeypatch.setattr(tables, "_ipc_size", lambda table: real_size(table) + extra)
+    p = tables.write_table(tmp_path / "split.arrow", t)
+    assert reads and reads[0][1] == real_size(tables._with_checksums(t)) + extra
+    assert p.read_bytes() == _plain_ipc(tables._with_checksums(t))
+    tables.verify_table(p)
+    # one CPU (or a small table): no second thread, the same bytes
+    monkeypatch.setattr(tables, "_cpus", lambda: 1)
+    q = tables.write_table(tmp_path / "one.arrow", t)
+    assert len(reads) == 1 and q.read_bytes() == p.read_bytes()

@@ -16,7 +16,9 @@ from fx_assets.core.ofi import (
     OfiFeatures,
     TradeArrays,
     UnsignedSizeBook,
+    _column_flags_nb,
     _first_ge_nb,
+    _scan_column_nb,
     _search_right_nb,
     book_state_row,
     compute_ofi_features,
@@ -948,3 +950,31 @@ def test_exp_is_zero_below_the_hawkes_cut() -> None:
     got = exps(x)
     assert np.all(got == 0.0) and not np.signbit(got).any()
     assert all(math.exp(v) == 0.0 for v in x.tolist())
+
+
+def test_column_flags_count_exactly_what_the_scan_reports() -> None:
+    """``validate_ofi`` scans only the columns ``_column_flags_nb`` flags: each of its four
+    counts is nonzero exactly where ``_scan_column_nb`` reports a bar of that class (±inf, NaN,
+    NaN after a value of its segment, outside the bounds), on columns with NaN runs inside and
+    at the start of segments, infinities, out-of-bounds values and infinite bounds."""
+    rng = np.random.default_rng(11)
+    seen = np.zeros(4, np.int64)
+    for case in range(3000):
+        n = int(rng.integers(0, 40))
+        x = rng.uniform(-1.0, 1.0, n)
+        seg_first = rng.random(n) < 0.15
+        if n:
+            seg_first[0] = True
+        starts = np.flatnonzero(seg_first)
+        for s in starts:  # warm-up NaN runs at segment starts
+            if rng.random() < 0.5:
+                x[s : s + int(rng.integers(1, 6))] = np.nan
+        for _ in range(int(rng.integers(0, 3))):  # anything anywhere
+            if n:
+                x[int(rng.integers(0, n))] = rng.choice([np.nan, np.inf, -np.inf, 1.5, -1.5])
+        lo, hi = [(-1.2, 1.2), (-np.inf, np.inf), (0.0, np.inf), (-np.inf, 0.5)][case % 4]
+        scan = np.array(_scan_column_nb(x, seg_first, lo, hi))
+        flags = np.array(_column_flags_nb(x, seg_first, lo, hi))
+        assert np.array_equal(flags > 0, scan >= 0), (case, x, seg_first, lo, hi, flags, scan)
+        seen += flags > 0
+    assert (seen > 100).all(), seen  # every class occurred
