@@ -16,7 +16,7 @@ import pytest
 
 import fx_assets
 from fx_assets.core import numba_cache
-from fx_assets.core.codeversion import _cache_dir, package_fingerprint
+from fx_assets.core.codeversion import _cache_dir
 
 HELPER = """
 from numba import njit
@@ -83,10 +83,10 @@ def _child_cache_dir(env: dict[str, str]) -> str:
 
 
 def test_the_package_uses_a_cache_named_by_its_sources(tmp_path: Path) -> None:
-    """Importing fx_assets points numba at numba-<package fingerprint> under ~/.cache/fx_assets,
+    """Importing fx_assets points numba at numba-<stat fingerprint of its sources> under ~/.cache/fx_assets,
     or under $NUMBA_CACHE_DIR when the user set it; a child process that inherits the variable
     from an fx_assets parent uses the same root (it does not nest a directory in the parent's)."""
-    fp = package_fingerprint()
+    fp = numba_cache.stat_fingerprint(Path(fx_assets.__file__).resolve().parent)
     here = os.environ["NUMBA_CACHE_DIR"]
     assert numba.config.CACHE_DIR == here == str(Path(os.environ[numba_cache.ROOT_ENV]) / f"numba-{fp}")
     plain = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", numba_cache.ROOT_ENV)}
@@ -95,6 +95,23 @@ def test_the_package_uses_a_cache_named_by_its_sources(tmp_path: Path) -> None:
     assert _child_cache_dir(dict(os.environ)) == here  # inherited from this process
     user = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "mine"))  # set by the user in between
     assert _child_cache_dir(user) == str(tmp_path / "mine" / f"numba-{fp}")
+
+
+def test_the_fingerprint_follows_every_source_file(tmp_path: Path) -> None:
+    """An edit of any file (its size or modification time), an added file: a new fingerprint."""
+    pkg = tmp_path / "pkgx"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    seen = {numba_cache.stat_fingerprint(pkg)}
+    os.utime(pkg / "sub" / "b.py", ns=(1, 1))  # same content, other time
+    seen.add(numba_cache.stat_fingerprint(pkg))
+    (pkg / "a.py").write_text("x = 10\n")
+    seen.add(numba_cache.stat_fingerprint(pkg))
+    (pkg / "c.py").write_text("")
+    seen.add(numba_cache.stat_fingerprint(pkg))
+    assert len(seen) == 4
+    assert numba_cache.stat_fingerprint(pkg) == numba_cache.stat_fingerprint(pkg)
 
 
 def test_older_source_states_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
