@@ -10,7 +10,8 @@ that evaluates them (``fx_automation``, RUNNING by default).
   quarter of its window has a new materialization, once every quarter of the window exists.
 - ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold, and no
   input of a fold, is in progress or requested on the same tick (it reports the folds that exist
-  and names the missing ones).
+  and names the missing ones). A fold that lands while the report runs (a user's fold run, or a
+  launch that lags its tick) brings another report: ``FOLD_UPDATE_UNREPORTED``.
 - An asset is never requested while an asset that reads it is in progress
   (:func:`guard_readers`, applied to every automated asset from the graph's own edges). Why:
   ``since_last_handled`` resets on the target's own materialization, and when that lands between
@@ -53,8 +54,20 @@ EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
 CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
     BLOCKING_CHECKS_PASSED
 )
+#: "A fold changed after the report's run could have read it": set by a fold's update, cleared
+#: only when the report is requested on a tick that sees no fold update. Not
+#: ``since_last_handled``: its reset on the report's own materialization dropped a fold that
+#: landed while the report ran (the report reads the folds when its run starts), on whichever
+#: tick the two fell; nor a request on a tick whose predecessor saw a fold land (that report's
+#: run may have started before the fold). Cost: a report made by hand is redone once by the
+#: sensor when a fold changed since the sensor last requested one.
+FOLD_UPDATE_UNREPORTED = (
+    AC.any_deps_updated()
+    .since((AC.newly_requested() & ~AC.any_deps_updated()) | AC.initial_evaluation())
+    .with_label("a_fold_updated_after_the_last_report_request")
+)
 REPORT = (
-    AC.any_deps_updated().since_last_handled()
+    FOLD_UPDATE_UNREPORTED
     & ~AC.any_deps_in_progress()
     & ~AC.any_deps_match(AC.will_be_requested()).with_label("any_fold_requested")
     # nor while a fold's inputs (its fxcache quarters, its ranges) are being built or requested:

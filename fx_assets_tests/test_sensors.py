@@ -251,3 +251,87 @@ def test_nothing_is_rebuilt_while_an_asset_reading_it_runs(tmp_path: Path) -> No
         inst.report_run_failed(fx_run)
         r, req = tick(inst, r.cursor)
         assert req == {"walk_forward_report": set()}, req
+
+
+def test_a_fold_that_lands_while_the_report_runs_is_reported_after_it(tmp_path: Path) -> None:
+    """The report reads the folds' files when its run starts: a fold that lands after that (a
+    user's fold run, or the sensor's when ticks and launches interleave) must bring another
+    report, whichever tick the two materializations fall on. ``since_last_handled`` resets on the
+    report's own materialization and dropped such a fold for good (CI: the report stalled without
+    the last fold)."""
+    full = build_definitions(settings(tmp_path))
+    defs = dg.Definitions(
+        assets=full.assets,
+        jobs=full.jobs,
+        resources=full.resources,
+        sensors=full.sensors,
+        executor=full.executor,
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    graph = defs.resolve_asset_graph()
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
+
+    def tick(inst, cursor):
+        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
+        return r, {
+            k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
+            for k in keys
+            if r.get_num_requested(k)
+        }
+
+    with dg.instance_for_test() as inst:
+
+        def report_started() -> dg.DagsterRun:
+            run = inst.create_run_for_job(
+                job_def=job, asset_selection=frozenset({dg.AssetKey("walk_forward_report")})
+            )
+            event = DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
+            inst.report_dagster_event(event, run_id=run.run_id)
+            return run
+
+        def report_lands(run: dg.DagsterRun) -> None:
+            materialize(inst, {"walk_forward_report": set()})
+            inst.report_run_failed(run)  # (the run has ended; its outcome does not matter here)
+
+        observe(inst, {k: "v1" for k in KEYS})
+        materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
+        materialize(
+            inst, {"fold_ranges": set(KEYS[1:]), "trained_model": set(KEYS[1:]), "walk_forward_report": set()}
+        )
+        r, req = tick(inst, None)
+        assert req == {}
+        # 1. the report runs; a fold lands, then the report, between the same two ticks
+        run = report_started()
+        materialize(inst, {"trained_model": {KEYS[3]}})
+        report_lands(run)
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
+        materialize(inst, req)
+        r, req = tick(inst, r.cursor)
+        assert req == {}, req  # and once reported, nothing more
+        # 2. the fold lands on a tick while the report runs, the report on the next one
+        run = report_started()
+        materialize(inst, {"trained_model": {KEYS[2]}})
+        r, req = tick(inst, r.cursor)
+        assert req == {}, req  # the report is running
+        report_lands(run)
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
+        # 3. the sensor's own request: a fold lands after the report was requested, before the
+        # next tick (the report's run may already have read the folds)
+        materialize(inst, {"walk_forward_report": set()})
+        materialize(inst, {"trained_model": {KEYS[1]}})
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
+        run = report_started()
+        materialize(inst, {"trained_model": {KEYS[2]}})
+        r, req = tick(inst, r.cursor)  # the tick after the request sees that fold
+        assert req == {}, req
+        report_lands(run)
+        r, req = tick(inst, r.cursor)
+        assert req == {"walk_forward_report": set()}, req
+        materialize(inst, req)
+        for _ in range(2):
+            r, req = tick(inst, r.cursor)
+            assert req == {}, req
