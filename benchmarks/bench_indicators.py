@@ -4,13 +4,14 @@ Bars: the volume bars of one ``--scale 1`` quarter (the scale-out benchmark's de
 they exist, else a synthetic series of 490 000 bars on a 0.25 tick grid with one roll). The
 arrays are saved as .npy; TA-Lib runs in its own virtual environment
 (``benchmarks/.venvs/talib``, created from PyPI on first use: TA-Lib is not a dependency of the
-project's runtime) as a server process that reads them once. Each round times one fx_assets
-call in this process, then one TA-Lib call in the server (A B A B), each as the best of
-``INNER`` back-to-back calls; every figure is {min, median, max, rounds} over the rounds, wall
-and CPU (user + sys of the process that ran it).
+project's runtime). Each side is a server process of the same shape (the project's python for
+fx_assets, the venv's for TA-Lib) that reads the arrays once and times calls on request, with
+the same glibc malloc settings (``MALLOC_ENV``). Each round times one fx_assets call, then one
+TA-Lib call (A B A B), each as the best of ``INNER`` back-to-back calls; every figure is {min,
+median, max, rounds} over the rounds, wall and CPU (user + sys of the server).
 
-Agreement: TA-Lib knows no rolls, so the outputs are compared on the same prices with one
-instrument id throughout, after each feature's burn-in (its registry ``window``): max |delta|
+Agreement: TA-Lib knows no rolls, so the outputs (saved by the two servers) are compared on
+the same prices with one instrument id throughout, after each feature's burn-in (its registry ``window``): max |delta|
 in the units of the fx_assets output. RSI bars where TA-Lib's flat-window value (0) differs
 from ours (50) and Bollinger bars with an empty band are left out of the comparison.
 
@@ -22,13 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +41,11 @@ TALIB_PIN = "TA-Lib==0.8.2"  # the version of the dev environment (pyproject: ta
 INNER = 3  # calls per timing: the best of them (the shared machine preempts single calls)
 SYNTH_BARS = 490_000
 
-# The TA-Lib side, run by the venv's python: reads the arrays once, then answers one line
-# (indicator name) with one JSON line (wall and CPU seconds, best of `inner`).
-_SERVER = r"""
-import json, resource, sys, time
-import numpy as np, talib
-d = sys.argv[1]
-o, h, l, c = (np.load(f"{d}/{k}.npy") for k in ("open", "high", "low", "close"))
+# Both sides run as server processes of the same shape: each reads the arrays once, then
+# answers one line (indicator name) with one JSON line (wall and CPU seconds, best of `inner`).
+# The side's code defines `fns` (name -> call) and `versions`.
+_TALIB_SIDE = r"""
+import talib
 def bb():
     up, _mid, dn = talib.BBANDS(c, 20, 2.0, 2.0, talib.MA_Type.SMA)
     return (c - dn) / (up - dn)
@@ -60,10 +57,30 @@ fns = {
     "macd": lambda: tuple(x / c for x in talib.MACD(c, 12, 26, 9)),
     "bb_pctb": bb,
 }
+versions = {"talib": talib.__version__, "numpy": np.__version__}
+"""
+_FX_SIDE = r"""
+from fx_assets.core import bar_features as bf
+fns = {
+    "adx": lambda: bf.adx(o, h, l, c, inst, 14),
+    "dmi": lambda: bf.dmi(o, h, l, c, inst, 14),
+    "rsi": lambda: bf.rsi(o, c, inst, 14),
+    "natr": lambda: bf.natr(o, h, l, c, inst, 14),
+    "macd": lambda: bf.macd(o, c, inst, 12, 26, 9),
+    "bb_pctb": lambda: bf.bollinger_pctb(o, c, inst, 20, 2.0),
+}
+versions = {"numpy": np.__version__}
+"""
+_SERVER = r"""
+import json, resource, sys, time
+import numpy as np
+d = sys.argv[1]
+o, h, l, c, inst = (np.load(f"{d}/{k}.npy") for k in ("open", "high", "low", "close", "inst"))
+exec(sys.argv[2])
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-print(json.dumps({"talib": talib.__version__, "numpy": np.__version__}), flush=True)
+print(json.dumps(versions), flush=True)
 for line in sys.stdin:
     name, inner = line.split()
     if name == "save":
@@ -72,18 +89,27 @@ for line in sys.stdin:
                 out = f()
                 out = out if isinstance(out, tuple) else (out,)
                 for i, a in enumerate(out):
-                    np.save(f"{d}/talib_{k}_{i}.npy", a)
+                    np.save(f"{d}/{sys.argv[3]}_{k}_{i}.npy", a)
         print("{}", flush=True)
         continue
-    best_w = best_c = float("inf")
+    best_w = best_c = best_f = float("inf")
     with np.errstate(all="ignore"):
         for _ in range(int(inner)):
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             c0, t0 = cpu(), time.perf_counter()
             fns[name]()
             best_w = min(best_w, time.perf_counter() - t0)
             best_c = min(best_c, cpu() - c0)
-    print(json.dumps({"wall": best_w, "cpu": best_c}), flush=True)
+            best_f = min(best_f, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    print(json.dumps({"wall": best_w, "cpu": best_c, "faults": best_f}), flush=True)
 """
+# The same glibc malloc policy in both servers: freed outputs stay in the heap (no mmap, no
+# trim), so each call writes into memory the previous call freed. With glibc's dynamic
+# thresholds, whether a freed output was unmapped or trimmed (and faulted back in at the next
+# call, ~1-2 us a page here) depended on each process's heap history: in the in-process
+# version of this benchmark MACD's and DMI's outputs were faulted in at every call (1,882
+# faults) and NATR's never, with the same kernels faulting nothing in a process of their own.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 
 
 def rounds_summary(values: list[float], digits: int = 6) -> dict[str, Any]:
@@ -140,25 +166,6 @@ def load_bars() -> tuple[dict[str, np.ndarray], str]:
     return {"open": o, "high": h, "low": lo, "close": c, "inst": inst}, f"synthetic GBM, {n} bars, 1 roll"
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def fx_functions(a: dict[str, np.ndarray]) -> dict[str, Callable[[], Any]]:
-    from fx_assets.core import bar_features as bf
-
-    o, h, lo, c, inst = a["open"], a["high"], a["low"], a["close"], a["inst"]
-    return {
-        "adx": lambda: bf.adx(o, h, lo, c, inst, 14),
-        "dmi": lambda: bf.dmi(o, h, lo, c, inst, 14),
-        "rsi": lambda: bf.rsi(o, c, inst, 14),
-        "natr": lambda: bf.natr(o, h, lo, c, inst, 14),
-        "macd": lambda: bf.macd(o, c, inst, 12, 26, 9),
-        "bb_pctb": lambda: bf.bollinger_pctb(o, c, inst, 20, 2.0),
-    }
-
-
 DESCRIPTIONS = {
     "adx": "ADX(14) alone; TA-Lib ADX",
     "dmi": "+DI, -DI and ADX (what the feature table needs); TA-Lib PLUS_DI + MINUS_DI + ADX",
@@ -179,26 +186,21 @@ BURN_IN_FEATURE = {
 }
 
 
-def agreement(a: dict[str, np.ndarray], d: Path, server: subprocess.Popen[str]) -> dict[str, Any]:
-    """max |fx - TA-Lib| after burn-in, with one instrument id (TA-Lib knows no rolls)."""
+def agreement(d: Path, ours: Path) -> dict[str, Any]:
+    """max |fx - TA-Lib| after burn-in: the outputs the two servers saved (``talib_*`` and
+    ``fx_*`` in ``d``), both computed with one instrument id (TA-Lib knows no rolls)."""
     from fx_assets.core.bar_features import build_registry
 
     windows = {s.name: s.window for s in build_registry()}
-    one = dict(a, inst=np.zeros_like(a["inst"]))
-    ours = {k: f() for k, f in fx_functions(one).items()}
-    assert server.stdin is not None and server.stdout is not None
-    server.stdin.write("save 1\n")
-    server.stdin.flush()
-    server.stdout.readline()
     out: dict[str, Any] = {}
-    for name, got in ours.items():
-        got = got if isinstance(got, tuple) else (got,)
+    for name in DESCRIPTIONS:
         worst = 0.0
         compared = 0
-        for i, g in enumerate(got):
+        for i, feature in enumerate(BURN_IN_FEATURE[name]):
             ref = np.load(d / f"talib_{name}_{i}.npy")
+            g = np.load(ours / f"fx_{name}_{i}.npy")
             ok = np.zeros(g.shape, bool)
-            ok[windows[BURN_IN_FEATURE[name][i]] :] = True
+            ok[windows[feature] :] = True
             ok &= np.isfinite(ref)
             if name == "rsi":
                 ok &= ~((ref == 0.0) & (g == 50.0))  # flat window: TA-Lib 0, ours 50
@@ -212,6 +214,81 @@ def agreement(a: dict[str, np.ndarray], d: Path, server: subprocess.Popen[str]) 
     return out
 
 
+class Server:
+    """One side's server process (``_SERVER`` running ``side`` on the arrays in ``d``)."""
+
+    def __init__(self, python: str, side: str, d: Path, prefix: str, malloc: dict[str, str]) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
+        self.proc = subprocess.Popen(
+            [python, "-c", _SERVER, str(d), side, prefix],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT.parent,
+            env=dict(env, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **malloc),
+        )
+        self.versions = json.loads(self._line())
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"indicator server exited with {self.proc.wait()}")
+        return line
+
+    def ask(self, line: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def time(self, name: str) -> dict[str, float]:
+        return json.loads(self.ask(f"{name} {INNER}"))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def time_sides(talib_python: str, d: Path, rounds: int, malloc: dict[str, str]) -> dict[str, Any]:
+    """Per indicator: ``rounds`` rounds of one fx_assets timing then one TA-Lib timing, each
+    side in its own server with the malloc settings ``malloc``."""
+    talib_side = Server(talib_python, _TALIB_SIDE, d, "talib", malloc)
+    fx_side = Server(sys.executable, _FX_SIDE, d, "fx", malloc)
+    for name in DESCRIPTIONS:  # compile / warm both sides before timing
+        fx_side.time(name)
+        talib_side.time(name)
+    figures: dict[str, Any] = {}
+    for name in DESCRIPTIONS:
+        fx_w, fx_c, ta_w, ta_c, ratio_w, fx_f, ta_f = [], [], [], [], [], [], []
+        for _ in range(rounds):  # A B A B
+            a = fx_side.time(name)
+            b = talib_side.time(name)
+            fx_w.append(a["wall"])
+            fx_c.append(a["cpu"])
+            fx_f.append(a["faults"])
+            ta_w.append(b["wall"])
+            ta_c.append(b["cpu"])
+            ta_f.append(b["faults"])
+            ratio_w.append(a["wall"] / b["wall"])
+        figures[name] = {
+            "what": DESCRIPTIONS[name],
+            "fx_assets_wall_s": rounds_summary(fx_w),
+            "talib_wall_s": rounds_summary(ta_w),
+            "fx_assets_cpu_s": rounds_summary(fx_c),
+            "talib_cpu_s": rounds_summary(ta_c),
+            "fx_assets_page_faults_per_call": rounds_summary(fx_f, 0),
+            "talib_page_faults_per_call": rounds_summary(ta_f, 0),
+            "ratio_per_round": rounds_summary(ratio_w, 3),
+            "ratio_of_medians": round(statistics.median(fx_w) / statistics.median(ta_w), 3),
+            "ratio_of_mins": round(min(fx_w) / min(ta_w), 3),
+        }
+    fx_side.close()
+    talib_side.close()
+    return figures
+
+
 def run(rounds: int) -> dict[str, Any]:
     load_before = load_average()
     t_start = time.perf_counter()
@@ -220,63 +297,41 @@ def run(rounds: int) -> dict[str, Any]:
     n = int(arrays["close"].shape[0])
     with tempfile.TemporaryDirectory(prefix="fx-bench-ind-") as tmp:
         d = Path(tmp)
-        for k in ("open", "high", "low", "close"):
+        one = d / "one_instrument"  # for the agreement: TA-Lib knows no rolls
+        one.mkdir()
+        for k in ("open", "high", "low", "close", "inst"):
             np.save(d / f"{k}.npy", arrays[k])
-        server = subprocess.Popen(
-            [str(py), "-c", _SERVER, str(d)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-        assert server.stdin is not None and server.stdout is not None
-        versions = json.loads(server.stdout.readline())
-
-        def talib_time(name: str) -> dict[str, float]:
-            assert server.stdin is not None and server.stdout is not None
-            server.stdin.write(f"{name} {INNER}\n")
-            server.stdin.flush()
-            return json.loads(server.stdout.readline())
-
-        def fx_time(fn: Callable[[], Any]) -> dict[str, float]:
-            best_w = best_c = float("inf")
-            for _ in range(INNER):
-                c0, t0 = _cpu(), time.perf_counter()
-                fn()
-                best_w = min(best_w, time.perf_counter() - t0)
-                best_c = min(best_c, _cpu() - c0)
-            return {"wall": best_w, "cpu": best_c}
-
-        fns = fx_functions(arrays)
-        for name, fn in fns.items():  # compile / warm both sides before timing
-            fn()
-            talib_time(name)
-        figures: dict[str, Any] = {}
-        for name, fn in fns.items():
-            fx_w, fx_c, ta_w, ta_c, ratio_w = [], [], [], [], []
-            for _ in range(rounds):  # A B A B
-                a = fx_time(fn)
-                b = talib_time(name)
-                fx_w.append(a["wall"])
-                fx_c.append(a["cpu"])
-                ta_w.append(b["wall"])
-                ta_c.append(b["cpu"])
-                ratio_w.append(a["wall"] / b["wall"])
-            figures[name] = {
-                "what": DESCRIPTIONS[name],
-                "fx_assets_wall_s": rounds_summary(fx_w),
-                "talib_wall_s": rounds_summary(ta_w),
-                "fx_assets_cpu_s": rounds_summary(fx_c),
-                "talib_cpu_s": rounds_summary(ta_c),
-                "ratio_per_round": rounds_summary(ratio_w, 3),
-                "ratio_of_medians": round(statistics.median(fx_w) / statistics.median(ta_w), 3),
-                "ratio_of_mins": round(min(fx_w) / min(ta_w), 3),
-            }
-        agree = agreement(arrays, d, server)
-        server.stdin.close()
-        server.wait(timeout=30)
+            np.save(one / f"{k}.npy", np.zeros_like(arrays[k]) if k == "inst" else arrays[k])
+        figures = time_sides(str(py), d, rounds, MALLOC_ENV)
+        # the same with glibc's own (dynamic) thresholds in both servers: reported, no target
+        default_malloc = time_sides(str(py), d, rounds, {})
+        talib_side = Server(str(py), _TALIB_SIDE, d, "talib", MALLOC_ENV)
+        versions = talib_side.versions
+        talib_side.ask("save 1")
+        talib_side.close()
+        fx_one = Server(sys.executable, _FX_SIDE, one, "fx", MALLOC_ENV)
+        fx_one.ask("save 1")
+        fx_one.close()
+        agree = agreement(d, one)
     for name, a in agree.items():
         figures[name]["agreement"] = a
+    figures["default_malloc"] = {
+        "what": "the same timings with glibc's default (dynamic) mmap and trim thresholds in both "
+        "servers; no target",
+        **{
+            name: {
+                k: f[k]
+                for k in (
+                    "fx_assets_wall_s",
+                    "talib_wall_s",
+                    "fx_assets_page_faults_per_call",
+                    "talib_page_faults_per_call",
+                    "ratio_of_medians",
+                )
+            }
+            for name, f in default_malloc.items()
+        },
+    }
     targets = [
         target(
             f"{name}: fx_assets / TA-Lib wall time (ratio of medians)",
@@ -286,7 +341,7 @@ def run(rounds: int) -> dict[str, Any]:
             "x",
             DESCRIPTIONS[name],
         )
-        for name in figures
+        for name in DESCRIPTIONS
     ]
     targets += [
         target(
@@ -309,6 +364,9 @@ def run(rounds: int) -> dict[str, Any]:
             "rounds": rounds,
             "inner_calls_per_timing": INNER,
             "order": "per indicator: fx_assets then TA-Lib, alternating, each round",
+            "processes": "each side a server process of the same shape (reads the arrays once, "
+            "times calls on request), the same malloc settings in both",
+            "malloc_env": MALLOC_ENV,
             "talib_env": str(TALIB_VENV),
             "talib_versions": versions,
             "threads": "both single-threaded (numba kernels are serial; TA-Lib is serial)",
