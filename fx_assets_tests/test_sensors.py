@@ -5,6 +5,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from dagster._core.events import DagsterEvent, DagsterEventType
@@ -96,31 +97,67 @@ def materialize(inst: dg.DagsterInstance, requested: dict[str, set[str]]) -> Non
             inst.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=key))
 
 
-def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path: Path) -> None:
-    # Without the asset checks: this test records materializations without runs, and the
-    # conditions' wait for blocking checks is tested with real runs in test_asset_checks.py.
-    full = build_definitions(settings(tmp_path))
-    defs = dg.Definitions(
-        assets=full.assets,
-        jobs=full.jobs,
-        resources=full.resources,
-        sensors=full.sensors,
-        executor=full.executor,
-    )
-    assert not defs.resolve_asset_graph().asset_check_keys and full.resolve_asset_graph().asset_check_keys
-    graph = defs.resolve_asset_graph()
-    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
-    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
+class Automation:
+    """``fx_automation``'s conditions evaluated tick by tick on a test instance, for the
+    definitions without their asset checks: these tests record materializations without runs,
+    and the conditions' wait for blocking checks is tested with real runs in
+    test_asset_checks.py."""
 
-    def tick(inst, cursor):
-        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
-        req = {
+    WHEN = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
+
+    def __init__(self, root: Path) -> None:
+        self.full = f = build_definitions(settings(root))
+        self.defs = dg.Definitions(
+            assets=f.assets, jobs=f.jobs, resources=f.resources, sensors=f.sensors, executor=f.executor
+        )
+        graph = self.defs.resolve_asset_graph()
+        self.keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+        self.job = self.defs.resolve_implicit_global_asset_job_def()
+
+    def tick(self, inst: dg.DagsterInstance, cursor: Any) -> tuple[Any, dict[str, set[str]]]:
+        """One evaluation: its result and {asset: the partition keys it requested}."""
+        r = dg.evaluate_automation_conditions(
+            defs=self.defs, instance=inst, cursor=cursor, evaluation_time=self.WHEN
+        )
+        return r, {
             k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
-            for k in keys
+            for k in self.keys
             if r.get_num_requested(k)
         }
-        return r, req
 
+    def up_to_date(self, inst: dg.DagsterInstance) -> Any:
+        """Every quarter observed and built, its folds trained (train_quarters=1: KEYS[1:]) and
+        reported; the first tick, which requests nothing: its result."""
+        observe(inst, {k: "v1" for k in KEYS})
+        materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
+        materialize(
+            inst, {"fold_ranges": set(KEYS[1:]), "trained_model": set(KEYS[1:]), "walk_forward_report": set()}
+        )
+        r, req = self.tick(inst, None)
+        assert req == {}, req
+        return r
+
+    def started_run(
+        self, inst: dg.DagsterInstance, asset: str, partition: str | None = None
+    ) -> dg.DagsterRun:
+        """A run of ``asset`` (one partition or none) that has started and not ended."""
+        run = inst.create_run_for_job(
+            job_def=self.job,
+            asset_selection=frozenset({dg.AssetKey(asset)}),
+            tags={"dagster/partition": partition} if partition else None,
+        )
+        event = DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
+        inst.report_dagster_event(event, run_id=run.run_id)
+        return run
+
+
+def test_automation_builds_a_new_quarter_then_its_fold_then_the_report(tmp_path: Path) -> None:
+    auto = Automation(tmp_path)
+    assert (
+        not auto.defs.resolve_asset_graph().asset_check_keys
+        and auto.full.resolve_asset_graph().asset_check_keys
+    )
+    tick = auto.tick
     chain = list(FEATURE_STAGES)
     with dg.instance_for_test() as inst:
         observe(inst, {k: "v1" for k in KEYS[:3]})
@@ -173,46 +210,14 @@ def test_nothing_is_rebuilt_while_an_asset_reading_it_runs(tmp_path: Path) -> No
     the fold's (CI saw the report stall without the last fold); the same for an fxcache rebuilt
     while a fold of its window trains. So a dependency waits for a running reader, and the report
     is not requested on a tick that requests a fold."""
-    full = build_definitions(settings(tmp_path))
-    defs = dg.Definitions(
-        assets=full.assets,
-        jobs=full.jobs,
-        resources=full.resources,
-        sensors=full.sensors,
-        executor=full.executor,
-    )
-    job = defs.resolve_implicit_global_asset_job_def()
-    graph = defs.resolve_asset_graph()
-    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
-    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
-
-    def tick(inst, cursor):
-        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
-        return r, {
-            k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
-            for k in keys
-            if r.get_num_requested(k)
-        }
-
+    auto = Automation(tmp_path)
+    tick = auto.tick
     with dg.instance_for_test() as inst:
 
         def started_run(asset: str, partition: str | None = None) -> dg.DagsterRun:
-            run = inst.create_run_for_job(
-                job_def=job,
-                asset_selection=frozenset({dg.AssetKey(asset)}),
-                tags={"dagster/partition": partition} if partition else None,
-            )
-            event = DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
-            inst.report_dagster_event(event, run_id=run.run_id)
-            return run
+            return auto.started_run(inst, asset, partition)
 
-        observe(inst, {k: "v1" for k in KEYS})
-        materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
-        materialize(
-            inst, {"fold_ranges": set(KEYS[1:]), "trained_model": set(KEYS[1:]), "walk_forward_report": set()}
-        )
-        r, req = tick(inst, None)
-        assert req == {}
+        r = auto.up_to_date(inst)
         # the report is running when a quarter's fxcache is rebuilt: the fold waits for it
         report_run = started_run("walk_forward_report")
         materialize(inst, {"fxcache": {KEYS[3]}})
@@ -259,48 +264,18 @@ def test_a_fold_that_lands_while_the_report_runs_is_reported_after_it(tmp_path: 
     report, whichever tick the two materializations fall on. ``since_last_handled`` resets on the
     report's own materialization and dropped such a fold for good (CI: the report stalled without
     the last fold)."""
-    full = build_definitions(settings(tmp_path))
-    defs = dg.Definitions(
-        assets=full.assets,
-        jobs=full.jobs,
-        resources=full.resources,
-        sensors=full.sensors,
-        executor=full.executor,
-    )
-    job = defs.resolve_implicit_global_asset_job_def()
-    graph = defs.resolve_asset_graph()
-    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
-    when = dt.datetime(2025, 2, 15, tzinfo=dt.UTC)
-
-    def tick(inst, cursor):
-        r = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=cursor, evaluation_time=when)
-        return r, {
-            k.to_user_string(): {str(p) for p in r.get_requested_partitions(k) if p is not None}
-            for k in keys
-            if r.get_num_requested(k)
-        }
-
+    auto = Automation(tmp_path)
+    tick = auto.tick
     with dg.instance_for_test() as inst:
 
         def report_started() -> dg.DagsterRun:
-            run = inst.create_run_for_job(
-                job_def=job, asset_selection=frozenset({dg.AssetKey("walk_forward_report")})
-            )
-            event = DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
-            inst.report_dagster_event(event, run_id=run.run_id)
-            return run
+            return auto.started_run(inst, "walk_forward_report")
 
         def report_lands(run: dg.DagsterRun) -> None:
             materialize(inst, {"walk_forward_report": set()})
             inst.report_run_failed(run)  # (the run has ended; its outcome does not matter here)
 
-        observe(inst, {k: "v1" for k in KEYS})
-        materialize(inst, {a: set(KEYS) for a in FEATURE_STAGES})
-        materialize(
-            inst, {"fold_ranges": set(KEYS[1:]), "trained_model": set(KEYS[1:]), "walk_forward_report": set()}
-        )
-        r, req = tick(inst, None)
-        assert req == {}
+        r = auto.up_to_date(inst)
         # 1. the report runs; a fold lands, then the report, between the same two ticks
         run = report_started()
         materialize(inst, {"trained_model": {KEYS[3]}})
