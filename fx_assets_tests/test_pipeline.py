@@ -417,3 +417,52 @@ def test_snapshot_row_unit_writes_one_row_per_book_update(market: Path) -> None:
     names = feature_names(SnapshotFeatureConfig())
     assert desc["feature_names"][: len(names)] == names
     assert desc["feature_width"] == len(desc["feature_names"]) > len(names)  # + the bar context
+
+
+def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
+    market: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model of data that changed while it trained must not stand as up to date: recorded, its
+    materialization would come after its inputs' change, and automation would never retrain it
+    (a user's rebuild of the fxcache while the fold trained). The fold fails naming the quarter,
+    the run records no materialization of it; run again, it trains on the new data's files."""
+    import fx_assets.core.trainers.mlp as mlp
+
+    defs = defs_for(market, last=Q2, train_quarters=1)
+    raw_q1 = market / "raw" / "trades" / "ES.FUT" / "ES.FUT_2024-Q1.dbn.zst"
+    original = raw_q1.read_bytes()
+    real = mlp.train_mlp
+
+    def train_while_the_raw_file_changes(*args, **kwargs):
+        out = real(*args, **kwargs)
+        raw_q1.write_bytes(original[:-4096] + bytes(reversed(original[-4096:])))  # other content
+        return out
+
+    with dg.instance_for_test() as inst:
+        for q in (Q1, Q2):
+            assert materialize(defs, inst, FEATURES, q).success
+        monkeypatch.setattr(mlp, "train_mlp", train_while_the_raw_file_changes)
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=["fold_ranges", "trained_model"],
+            partition_key=partition_key(Q2, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        assert not r.success
+        mats = inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        assert [e.dagster_event.asset_key.to_user_string() for e in mats if e.dagster_event] == [
+            "fold_ranges"
+        ]
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        message = failure.step_failure_data.error.message
+        assert (
+            "the raw data of 2024-Q1|ES.FUT (now " in message and "changed while this fold trained" in message
+        )
+        # the original data back: the same fold trains and is recorded
+        raw_q1.write_bytes(original)
+        monkeypatch.setattr(mlp, "train_mlp", real)
+        r = materialize(defs, inst, ["trained_model"], Q2)
+        assert r.success and meta(r, "trained_model")["folds"].count("| reused |") == 1

@@ -233,8 +233,9 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
         t_run = time.perf_counter()
         warm: dict[str, float] = {}  # the kernel warm-up of this run, once
 
-        def one_fold(pk: str) -> tuple[dict, dict[str, Any]]:
-            """Train (or reuse) one fold: its table row and its materialization metadata."""
+        def one_fold(pk: str) -> tuple[dict, dict[str, Any], list[QuarterSymbol]]:
+            """Train (or reuse) one fold: its table row, its materialization metadata and its
+            quarters."""
             part = parse_partition_key(pk)
             parts, _, _, fpath = fold_file(storage, pipeline, training, part, n_train)
             if not fpath.is_file():
@@ -255,7 +256,7 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                     dg.AssetObservation(asset_key=context.asset_key, partition=pk, metadata=built_meta)
                 )
                 context.log.info(f"{part.label}: model {mkey[:16]} already trained, reused")
-                return _fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"), built_meta
+                return _fold_row(shown(part), fr, metrics, float("nan"), mkey, "reused"), built_meta, parts
             plan = fxcache.plan(parts)
             first = not warm and plan.mode == "resident"
             stream_meta: dict[str, Any] = {}
@@ -345,14 +346,25 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
             )
             row = _fold_row(shown(part), fr, metrics, transition_ms, mkey, "trained")
             context.log.info(f"{part.label}: {row}")
-            return row, fold_meta
+            return row, fold_meta, parts
 
         rows, finished, failed = [], [], []
         for pk in sorted(context.partition_keys):
             # One fold failing does not stop the others (folds are independent), but it fails
             # the step below: a partial success is never reported as success.
             try:
-                row, meta = one_fold(pk)
+                row, meta, parts = one_fold(pk)
+                # The fold's inputs are the fxcache files resolved for it from the sources of
+                # the step's start. If a window quarter's raw data changed since (and a user's
+                # run rebuilt its fxcache while the fold trained), the model is of data that is
+                # no longer current: recorded, it would stand as up to date for good (automation
+                # does not retrain a fold whose materialization came after its inputs' change).
+                changed = fxcache.changed_since_loaded(parts)
+                if changed:
+                    raise dg.Failure(
+                        f"the raw data of {', '.join(changed)} changed while this fold trained: "
+                        "its model is of the old data and is not recorded; run it again"
+                    )
             except Exception as exc:
                 context.log.error(f"{parse_partition_key(pk).label}: fold failed: {exc}")
                 failed.append((pk, exc))

@@ -27,6 +27,7 @@ from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
 from fx_assets.core.configmodel import ConfigModel, ValidatedCopy
 from fx_assets.core.device_store import ValueDtype
+from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig, TrainParams
@@ -130,6 +131,21 @@ class ResidentQuarters:
                 f"fxcache of {', '.join(missing)} not loaded (materialize fxcache for them first)"
             )
         return self.store.concat_view([self.keys[p.label] for p in parts])
+
+    def changed_since_loaded(self, parts: list[QuarterSymbol]) -> list[str]:
+        """Those of ``parts`` whose fxcache for today's sources and config is no longer the file
+        this input resolved (their raw data changed since): "label (now <file or why>)"."""
+        out = []
+        for p in parts:
+            if p.label not in self.paths:
+                continue
+            try:
+                now = StageIO(self.loader.storage, self.loader.pipeline, p).path("fxcache").name
+            except (dg.Failure, FxDataError) as exc:  # e.g. the new sources' bars are not built
+                now = str(exc)
+            if now != self.paths[p.label].name:
+                out.append(f"{p.label} (now {now})")
+        return out
 
     def plan(self, parts: list[QuarterSymbol]) -> FoldPlan:
         """Resident when the fold's quarters (and its transition's outputs) fit the loader's
