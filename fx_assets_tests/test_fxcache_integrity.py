@@ -18,8 +18,12 @@ KEY = "ab" * 32
 
 
 def _io(path: Path) -> SimpleNamespace:
+    # (no raw sources here: their check, StageIO.check_current, is tested in test_pipeline.py)
     return SimpleNamespace(
-        path=lambda stage: path, key=lambda stage: KEY, part=QuarterSymbol(dt.date(2024, 1, 1), "ES.FUT")
+        path=lambda stage: path,
+        key=lambda stage: KEY,
+        part=QuarterSymbol(dt.date(2024, 1, 1), "ES.FUT"),
+        check_current=lambda stage: None,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
+import zstandard
 from dagster._core.definitions.observe import observe
 
 from fx_assets.core.sidecar import open_sidecar
@@ -19,6 +20,9 @@ Q1, Q2, Q3 = dt.date(2024, 1, 1), dt.date(2024, 4, 1), dt.date(2024, 7, 1)
 FEATURES = list(FEATURE_STAGES)
 INGEST = FEATURES[:3]
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# Appended to a .dbn.zst: a file of other content (other hash, other keys) with the same records,
+# as a vendor's re-issue of a file would be.
+EMPTY_ZSTD_FRAME = zstandard.ZstdCompressor().compress(b"")
 
 
 def defs_for(root: Path, last: dt.date = Q3, train_quarters: int = 1) -> dg.Definitions:
@@ -435,7 +439,7 @@ def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
 
     def train_while_the_raw_file_changes(*args, **kwargs):
         out = real(*args, **kwargs)
-        raw_q1.write_bytes(original[:-4096] + bytes(reversed(original[-4096:])))  # other content
+        raw_q1.write_bytes(original + EMPTY_ZSTD_FRAME)
         return out
 
     with dg.instance_for_test() as inst:
@@ -466,3 +470,70 @@ def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
         monkeypatch.setattr(mlp, "train_mlp", real)
         r = materialize(defs, inst, ["trained_model"], Q2)
         assert r.success and meta(r, "trained_model")["folds"].count("| reused |") == 1
+
+
+def test_a_stage_whose_raw_data_changes_while_it_builds_is_not_recorded(
+    market: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a feature stage (built or reused): its file is named by the raw files'
+    contents hashed when the step started; if they changed before the step ends, recording it
+    would mark the partition up to date with a file of the old data, and the stages after it
+    would find no file for the current sources. The step fails naming the partition and stage.
+    (bar_features reads no sidecar, whose own check catches a change in the stages that do.)"""
+    import fx_assets.assets.features as features
+
+    defs = defs_for(market, last=Q1)
+    raw = market / "raw" / "trades" / "ES.FUT" / "ES.FUT_2024-Q1.dbn.zst"
+    original = raw.read_bytes()
+    real = features.quarter_bar_features
+
+    def features_while_the_raw_file_changes(*args, **kwargs):
+        out = real(*args, **kwargs)
+        raw.write_bytes(original + EMPTY_ZSTD_FRAME)
+        return out
+
+    with dg.instance_for_test() as inst:
+        assert materialize(defs, inst, [*INGEST, "bars"], Q1).success
+        monkeypatch.setattr(features, "quarter_bar_features", features_while_the_raw_file_changes)
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=["bar_features"],
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        assert not r.success
+        assert not inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        message = failure.step_failure_data.error.message
+        assert "2024-Q1|ES.FUT: its raw data changed while bar_features was built" in message, message
+        # the original bytes back: the file built above is the one for them, reused
+        raw.write_bytes(original)
+        monkeypatch.setattr(features, "quarter_bar_features", real)
+        assert meta(materialize(defs, inst, ["bar_features"], Q1), "bar_features")["action"] == "reused"
+        # a cache hit whose sources change before it is recorded fails the same way (here while
+        # the existing file is verified)
+        import fx_assets.assets.common as common
+
+        real_verify = common.verify_once
+
+        def verify_while_the_raw_file_changes(*args, **kwargs):
+            raw.write_bytes(original + EMPTY_ZSTD_FRAME)
+            return real_verify(*args, **kwargs)
+
+        monkeypatch.setattr(common, "verify_once", verify_while_the_raw_file_changes)
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=["bar_features"],
+            partition_key=partition_key(Q1, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        raw.write_bytes(original)
+        assert not r.success
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        assert "its raw data changed while bar_features was built" in failure.step_failure_data.error.message

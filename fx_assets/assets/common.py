@@ -68,6 +68,7 @@ class StageIO:
 
     def __init__(self, storage: FxStorage, pipeline: PipelineConfig, part: QuarterSymbol) -> None:
         self.storage = storage
+        self.pipeline = pipeline
         self.layout = storage.layout
         self.cfg = pipeline.stage_configs()
         self.part = part
@@ -176,6 +177,26 @@ class StageIO:
         q = quarter or self.part.quarter
         return self.layout.stage_file(stage, self.part.symbol, q, self.key(stage, q), STAGE_SUFFIX[stage])
 
+    def current_name(self, stage: str) -> str:
+        """The name of this partition's ``stage`` file for the sources as they are now (read
+        afresh, not from this object's cache), or why there is none."""
+        try:
+            return StageIO(self.storage, self.pipeline, self.part).path(stage).name
+        except (dg.Failure, FxDataError) as exc:  # e.g. the new sources' inputs are not built
+            return str(exc)
+
+    def check_current(self, stage: str) -> None:
+        """A Failure if this partition's ``stage`` file for the sources as they are now is not
+        the one this object resolved (its keys name the raw files' contents hashed when the step
+        started): a result of sources that changed while it ran, recorded, would stand as up to
+        date for good, because automation's trigger resets on the stage's own materialization."""
+        now = self.current_name(stage)
+        if now != self.path(stage).name:
+            raise dg.Failure(
+                f"{self.part.label}: its raw data changed while {stage} was built (the file for the "
+                f"sources now: {now}); the result is of the old data and is not recorded; run it again"
+            )
+
     def require(self, stage: str, quarter: dt.date | None = None) -> Path:
         """The stage file built from today's sources and config, or a Failure saying what to run."""
         q = quarter or self.part.quarter
@@ -249,11 +270,14 @@ def summary_table(columns: Mapping[str, np.ndarray]) -> dg.MetadataValue:
     )
 
 
-def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: object) -> dg.MaterializeResult:
-    """A materialization whose data version is the cache key (so config changes show as unsynced).
+def keyed_result(io: StageIO, stage: str, path: Path, **metadata: object) -> dg.MaterializeResult:
+    """A materialization of the ``stage`` file ``path`` just built, whose data version is its
+    cache key (so config changes show as unsynced); a Failure if the sources changed while it
+    was built (:meth:`StageIO.check_current`).
 
     The metadata is also stored beside the output (:func:`save_build_metadata`), so that a later
     cache hit of the same file reports the same tables, counts and pictures."""
+    key_hex, part = io.key(stage), io.part
     meta: dict[str, Any] = {
         "quarter": quarter_label(part.quarter),
         "path": dg.MetadataValue.path(str(path)),
@@ -261,7 +285,8 @@ def keyed_result(key_hex: str, path: Path, part: QuarterSymbol, **metadata: obje
         "action": "built",
         **metadata,
     }
-    save_build_metadata(path, meta)
+    save_build_metadata(path, meta)  # the file is a complete cache entry of its own key
+    io.check_current(stage)
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(key_hex[:24]))
 
 
@@ -337,6 +362,7 @@ def cached_result(io: StageIO, stage: str) -> dg.MaterializeResult | None:
     if built is None:
         return None  # no record of the build that wrote it: rebuild, which records one
     # no log line: the materialization says it (action: reused), and each is one more stored event
+    io.check_current(stage)
     return reused_result(io.key(stage), built)
 
 

@@ -133,9 +133,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             }
         )
         return keyed_result(
-            io.key("bars"),
+            io,
+            "bars",
             out,
-            part,
             bars=len(table),
             trades_used=built.n_trades,
             trades_in_file=built.n_source,
@@ -184,9 +184,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
         _guard(part, lambda: validate_features(table, part.label))
         out = write_table(io.path("bar_features"), table.to_arrow())
         return keyed_result(
-            io.key("bar_features"),
+            io,
+            "bar_features",
             out,
-            part,
             bars=len(table),
             warmup_bars=table.n_prior,
             features=len(table.columns),
@@ -247,9 +247,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             alongside=lambda: _guard(part, lambda: ofi_core.validate_ofi(feats, part.label)),
         )
         return keyed_result(
-            io.key("ofi_features"),
+            io,
+            "ofi_features",
             out,
-            part,
             bars=len(feats),
             warmed_up_from_previous_quarter=bool(kw),
             features=len(feats.columns),
@@ -302,9 +302,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             assert isinstance(counts, dict)
             head = read_header(path)
             return keyed_result(
-                key,
+                io,
+                "fxcache",
                 path,
-                part,
                 row_unit="snapshot",
                 rows=counts["rows"],
                 row_counts=dg.MetadataValue.json(counts),
@@ -332,9 +332,9 @@ def make_feature_assets(partitions_def, roll_calendar, predecoded_trades, predec
             ),
         )
         return keyed_result(
-            key,
+            io,
+            "fxcache",
             path,
-            part,
             row_unit="bar",
             bars=len(ts),
             dropped_rows=dg.MetadataValue.json(dropped),

@@ -128,9 +128,9 @@ def make_ingest_assets(partitions_def, raw_trades, raw_mbp10) -> tuple:
         symbols = sorted({s for s in cal.raw_symbol if s})
         context.log.info(f"{part.label}: {len(cal)} sessions, {len(cal.events)} roll(s)")
         return keyed_result(
-            io.key("roll_calendar"),
+            io,
+            "roll_calendar",
             out,
-            part,
             sessions=len(cal),
             rolls=dg.MetadataValue.table(
                 rows,

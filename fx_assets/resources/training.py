@@ -27,7 +27,6 @@ from fx_assets.assets.common import StageIO
 from fx_assets.core import lineage
 from fx_assets.core.configmodel import ConfigModel, ValidatedCopy
 from fx_assets.core.device_store import ValueDtype
-from fx_assets.core.errors import FxDataError
 from fx_assets.core.folds import FoldConfig
 from fx_assets.core.fxcache import read_header
 from fx_assets.core.trainers.common import TrainConfig, TrainParams
@@ -139,10 +138,7 @@ class ResidentQuarters:
         for p in parts:
             if p.label not in self.paths:
                 continue
-            try:
-                now = StageIO(self.loader.storage, self.loader.pipeline, p).path("fxcache").name
-            except (dg.Failure, FxDataError) as exc:  # e.g. the new sources' bars are not built
-                now = str(exc)
+            now = StageIO(self.loader.storage, self.loader.pipeline, p).current_name("fxcache")
             if now != self.paths[p.label].name:
                 out.append(f"{p.label} (now {now})")
         return out
