@@ -429,7 +429,8 @@ def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
     """A model of data that changed while it trained must not stand as up to date: recorded, its
     materialization would come after its inputs' change, and automation would never retrain it
     (a user's rebuild of the fxcache while the fold trained). The fold fails naming the quarter,
-    the run records no materialization of it; run again, it trains on the new data's files."""
+    the run records no materialization of it; run again, it trains on the new data's files. The
+    same for the fold's ranges."""
     import fx_assets.core.trainers.mlp as mlp
 
     defs = defs_for(market, last=Q2, train_quarters=1)
@@ -445,6 +446,34 @@ def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
     with dg.instance_for_test() as inst:
         for q in (Q1, Q2):
             assert materialize(defs, inst, FEATURES, q).success
+        # the fold's ranges first: the same check
+        import fx_assets.assets.training as training
+
+        real_range = training.fold_range
+
+        def ranges_while_the_raw_file_changes(*args, **kwargs):
+            out = real_range(*args, **kwargs)
+            raw_q1.write_bytes(original + EMPTY_ZSTD_FRAME)
+            return out
+
+        monkeypatch.setattr(training, "fold_range", ranges_while_the_raw_file_changes)
+        r = dg.materialize(
+            list(defs.assets or []),
+            selection=["fold_ranges"],
+            partition_key=partition_key(Q2, "ES.FUT"),
+            instance=inst,
+            resources=dict(defs.resources or {}),
+            run_config=QUIET,
+            raise_on_error=False,
+        )
+        assert not r.success
+        assert not inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        assert "2024-Q2|ES.FUT: the raw data of its quarters changed while its fold ranges" in (
+            failure.step_failure_data.error.message
+        )
+        raw_q1.write_bytes(original)
+        monkeypatch.setattr(training, "fold_range", real_range)
         monkeypatch.setattr(mlp, "train_mlp", train_while_the_raw_file_changes)
         r = dg.materialize(
             list(defs.assets or []),

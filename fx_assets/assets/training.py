@@ -166,6 +166,17 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 raise dg.Failure(f"{part.label}: {exc}") from exc
             labels = [p.quarter_label for p in parts]
             atomic_write_text(out, _fold_range_to_json(fr, keys, labels))
+            # as StageIO.check_current: ranges of sources that changed while this step ran,
+            # recorded, would stand as up to date (the file stays, named by its own inputs)
+            try:
+                now = fold_file(storage, pipeline, training, part, n_train)[3].name
+            except dg.Failure as exc:
+                now = str(exc)
+            if now != out.name:
+                raise dg.Failure(
+                    f"{part.label}: the raw data of its quarters changed while its fold ranges were "
+                    f"computed (the file for the sources now: {now}); not recorded; run it again"
+                )
             rows = fold_table([fr])
             context.log_event(
                 dg.AssetObservation(
