@@ -31,7 +31,14 @@ def defs_for(root: Path, last: dt.date = Q3, train_quarters: int = 1) -> dg.Defi
     )
 
 
-def materialize(defs: dg.Definitions, inst: dg.DagsterInstance, selection: list[str], quarter: dt.date):
+def materialize(
+    defs: dg.Definitions,
+    inst: dg.DagsterInstance,
+    selection: list[str],
+    quarter: dt.date,
+    *,
+    raise_on_error: bool = True,
+):
     return dg.materialize(
         list(defs.assets or []),
         selection=selection,
@@ -39,7 +46,15 @@ def materialize(defs: dg.Definitions, inst: dg.DagsterInstance, selection: list[
         instance=inst,
         resources=dict(defs.resources or {}),
         run_config=QUIET,
+        raise_on_error=raise_on_error,
     )
+
+
+def step_failure(r: dg.ExecuteInProcessResult) -> str:
+    """The message of the run's one failed step (the run failed, nothing else did)."""
+    assert not r.success
+    (failure,) = [e for e in r.all_events if e.is_step_failure]
+    return failure.step_failure_data.error.message
 
 
 def meta(result: dg.ExecuteInProcessResult, asset: str) -> dict:
@@ -148,15 +163,7 @@ def test_missing_raw_file_names_partition_and_path(market: Path) -> None:
     (market / "raw/mbp-10/ES.FUT/ES.FUT_2024-Q2.dbn.zst").unlink()
     defs = defs_for(market, last=Q2)
     with dg.instance_for_test() as inst:
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=["predecoded_mbp10"],
-            partition_key=partition_key(Q2, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
-        )
+        r = materialize(defs, inst, ["predecoded_mbp10"], Q2, raise_on_error=False)
         assert not r.success
         text = str(r.get_step_failure_events()[0].event_specific_data.error)
         assert "2024-Q2|ES.FUT" in text and "ES.FUT_2024-Q2.dbn.zst" in text
@@ -365,15 +372,7 @@ def test_book_file_in_the_trades_folder_fails_naming_file_and_schemas(
     shutil.copyfile(dbn_fixtures / fixture, raw)
     defs = defs_for(market, last=Q1)
     with dg.instance_for_test() as inst:
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=INGEST,
-            partition_key=partition_key(Q1, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
-        )
+        r = materialize(defs, inst, INGEST, Q1, raise_on_error=False)
         assert not r.success
         text = str(r.get_step_failure_events()[0].event_specific_data.error)
         found = fixture.split(".")[1]
@@ -423,6 +422,21 @@ def test_snapshot_row_unit_writes_one_row_per_book_update(market: Path) -> None:
     assert desc["feature_width"] == len(desc["feature_names"]) > len(names)  # + the bar context
 
 
+def changes_the_file(fn, path: Path, data: bytes, *, before: bool = False):
+    """``fn`` wrapped so that ``path`` gets ``data`` right after it returns (or before it runs):
+    a raw file that changes while a step runs."""
+
+    def wrapped(*args, **kwargs):
+        if before:
+            path.write_bytes(data)
+        out = fn(*args, **kwargs)
+        if not before:
+            path.write_bytes(data)
+        return out
+
+    return wrapped
+
+
 def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
     market: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -431,72 +445,38 @@ def test_a_fold_whose_raw_data_changes_while_it_trains_is_not_recorded(
     (a user's rebuild of the fxcache while the fold trained). The fold fails naming the quarter,
     the run records no materialization of it; run again, it trains on the new data's files. The
     same for the fold's ranges."""
+    import fx_assets.assets.training as training
     import fx_assets.core.trainers.mlp as mlp
 
     defs = defs_for(market, last=Q2, train_quarters=1)
     raw_q1 = market / "raw" / "trades" / "ES.FUT" / "ES.FUT_2024-Q1.dbn.zst"
     original = raw_q1.read_bytes()
-    real = mlp.train_mlp
-
-    def train_while_the_raw_file_changes(*args, **kwargs):
-        out = real(*args, **kwargs)
-        raw_q1.write_bytes(original + EMPTY_ZSTD_FRAME)
-        return out
-
     with dg.instance_for_test() as inst:
         for q in (Q1, Q2):
             assert materialize(defs, inst, FEATURES, q).success
-        # the fold's ranges first: the same check
-        import fx_assets.assets.training as training
-
-        real_range = training.fold_range
-
-        def ranges_while_the_raw_file_changes(*args, **kwargs):
-            out = real_range(*args, **kwargs)
-            raw_q1.write_bytes(original + EMPTY_ZSTD_FRAME)
-            return out
-
-        monkeypatch.setattr(training, "fold_range", ranges_while_the_raw_file_changes)
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=["fold_ranges"],
-            partition_key=partition_key(Q2, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
-        )
-        assert not r.success
+        with monkeypatch.context() as m:
+            m.setattr(
+                training,
+                "fold_range",
+                changes_the_file(training.fold_range, raw_q1, original + EMPTY_ZSTD_FRAME),
+            )
+            r = materialize(defs, inst, ["fold_ranges"], Q2, raise_on_error=False)
+        assert "2024-Q2|ES.FUT: the raw data of its quarters changed while its fold ranges" in step_failure(r)
         assert not inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-        (failure,) = [e for e in r.all_events if e.is_step_failure]
-        assert "2024-Q2|ES.FUT: the raw data of its quarters changed while its fold ranges" in (
-            failure.step_failure_data.error.message
-        )
         raw_q1.write_bytes(original)
-        monkeypatch.setattr(training, "fold_range", real_range)
-        monkeypatch.setattr(mlp, "train_mlp", train_while_the_raw_file_changes)
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=["fold_ranges", "trained_model"],
-            partition_key=partition_key(Q2, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
+        with monkeypatch.context() as m:
+            m.setattr(mlp, "train_mlp", changes_the_file(mlp.train_mlp, raw_q1, original + EMPTY_ZSTD_FRAME))
+            r = materialize(defs, inst, ["fold_ranges", "trained_model"], Q2, raise_on_error=False)
+        message = step_failure(r)
+        assert (
+            "the raw data of 2024-Q1|ES.FUT (now " in message and "changed while this fold trained" in message
         )
-        assert not r.success
         mats = inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
         assert [e.dagster_event.asset_key.to_user_string() for e in mats if e.dagster_event] == [
             "fold_ranges"
         ]
-        (failure,) = [e for e in r.all_events if e.is_step_failure]
-        message = failure.step_failure_data.error.message
-        assert (
-            "the raw data of 2024-Q1|ES.FUT (now " in message and "changed while this fold trained" in message
-        )
         # the original data back: the same fold trains and is recorded
         raw_q1.write_bytes(original)
-        monkeypatch.setattr(mlp, "train_mlp", real)
         r = materialize(defs, inst, ["trained_model"], Q2)
         assert r.success and meta(r, "trained_model")["folds"].count("| reused |") == 1
 
@@ -509,60 +489,31 @@ def test_a_stage_whose_raw_data_changes_while_it_builds_is_not_recorded(
     would mark the partition up to date with a file of the old data, and the stages after it
     would find no file for the current sources. The step fails naming the partition and stage.
     (bar_features reads no sidecar, whose own check catches a change in the stages that do.)"""
+    import fx_assets.assets.common as common
     import fx_assets.assets.features as features
 
     defs = defs_for(market, last=Q1)
     raw = market / "raw" / "trades" / "ES.FUT" / "ES.FUT_2024-Q1.dbn.zst"
     original = raw.read_bytes()
-    real = features.quarter_bar_features
-
-    def features_while_the_raw_file_changes(*args, **kwargs):
-        out = real(*args, **kwargs)
-        raw.write_bytes(original + EMPTY_ZSTD_FRAME)
-        return out
-
+    changed = original + EMPTY_ZSTD_FRAME
     with dg.instance_for_test() as inst:
         assert materialize(defs, inst, [*INGEST, "bars"], Q1).success
-        monkeypatch.setattr(features, "quarter_bar_features", features_while_the_raw_file_changes)
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=["bar_features"],
-            partition_key=partition_key(Q1, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
-        )
-        assert not r.success
+        with monkeypatch.context() as m:
+            m.setattr(
+                features,
+                "quarter_bar_features",
+                changes_the_file(features.quarter_bar_features, raw, changed),
+            )
+            r = materialize(defs, inst, ["bar_features"], Q1, raise_on_error=False)
+        assert "2024-Q1|ES.FUT: its raw data changed while bar_features was built" in step_failure(r)
         assert not inst.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-        (failure,) = [e for e in r.all_events if e.is_step_failure]
-        message = failure.step_failure_data.error.message
-        assert "2024-Q1|ES.FUT: its raw data changed while bar_features was built" in message, message
         # the original bytes back: the file built above is the one for them, reused
         raw.write_bytes(original)
-        monkeypatch.setattr(features, "quarter_bar_features", real)
         assert meta(materialize(defs, inst, ["bar_features"], Q1), "bar_features")["action"] == "reused"
         # a cache hit whose sources change before it is recorded fails the same way (here while
         # the existing file is verified)
-        import fx_assets.assets.common as common
-
-        real_verify = common.verify_once
-
-        def verify_while_the_raw_file_changes(*args, **kwargs):
-            raw.write_bytes(original + EMPTY_ZSTD_FRAME)
-            return real_verify(*args, **kwargs)
-
-        monkeypatch.setattr(common, "verify_once", verify_while_the_raw_file_changes)
-        r = dg.materialize(
-            list(defs.assets or []),
-            selection=["bar_features"],
-            partition_key=partition_key(Q1, "ES.FUT"),
-            instance=inst,
-            resources=dict(defs.resources or {}),
-            run_config=QUIET,
-            raise_on_error=False,
-        )
+        with monkeypatch.context() as m:
+            m.setattr(common, "verify_once", changes_the_file(common.verify_once, raw, changed, before=True))
+            r = materialize(defs, inst, ["bar_features"], Q1, raise_on_error=False)
         raw.write_bytes(original)
-        assert not r.success
-        (failure,) = [e for e in r.all_events if e.is_step_failure]
-        assert "its raw data changed while bar_features was built" in failure.step_failure_data.error.message
+        assert "its raw data changed while bar_features was built" in step_failure(r)
