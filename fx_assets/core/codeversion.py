@@ -459,15 +459,25 @@ def stage_modules(stage: str, root: Path | None = None) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def source_fingerprint(root: Path | None = None) -> str:
-    """Content hash of every source file of the package (and the Python minor version): the
-    versions are a function of it alone."""
-    base = (root or package_root()) / PACKAGE
+def tree_fingerprint(base: Path, *, content: bool = True) -> str:
+    """Hash of every ``*.py`` under ``base`` and the Python minor version: each file's relative
+    path, then its content, or with ``content=False`` its size and modification time (stat
+    calls only, no file read)."""
     h = hashlib.sha256(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
     for p in sorted(base.rglob("*.py")):
         h.update(str(p.relative_to(base)).encode("utf-8") + b"\0")
-        h.update(p.read_bytes() + b"\0")
+        if content:
+            h.update(p.read_bytes() + b"\0")
+        else:
+            st = p.stat()
+            h.update(f"{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()[:32]
+
+
+def source_fingerprint(root: Path | None = None) -> str:
+    """Content hash of every source file of the package (and the Python minor version): the
+    versions are a function of it alone."""
+    return tree_fingerprint((root or package_root()) / PACKAGE)
 
 
 def _cache_dir() -> Path:

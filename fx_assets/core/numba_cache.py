@@ -20,7 +20,6 @@ source states: edits, upgrades, other worktrees) are removed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -78,17 +77,15 @@ def use_versioned_cache(fingerprint: str | None = None, base: Path | None = None
 
 
 def stat_fingerprint(package_dir: Path) -> str:
-    """Hash of the path, size and modification time of every source file of the package:
-    numba's own staleness test, taken over all the files at once. Stat calls only, no file
-    read when the package is imported: with the sources read and hashed there, the warm stages
-    ran 0.3-0.5 s slower in an ad hoc A/B (3 rounds each, fresh processes), likely through
-    glibc's heap state (the reads leave freed blocks that change which later arrays are
+    """:func:`codeversion.tree_fingerprint` of the package's sources by path, size and
+    modification time: numba's own staleness test, taken over all the files at once. Stat calls
+    only, no file read when the package is imported: with the sources read and hashed there, the
+    warm stages ran 0.3-0.5 s slower in an ad hoc A/B (3 rounds each, fresh processes), likely
+    through glibc's heap state (the reads leave freed blocks that change which later arrays are
     faulted in afresh; the benchmarks' README has a measured case)."""
-    h = hashlib.sha256(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
-    for p in sorted(package_dir.rglob("*.py")):
-        st = p.stat()
-        h.update(f"{p.relative_to(package_dir)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    return h.hexdigest()[:32]
+    from fx_assets.core.codeversion import tree_fingerprint
+
+    return tree_fingerprint(package_dir, content=False)
 
 
 def prune(root: Path, keep: int, current: Path) -> list[Path]:
