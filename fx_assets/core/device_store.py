@@ -42,14 +42,13 @@ Fast path from fxcache files
 blocks of fxcache files straight into a pool of pinned chunk buffers with several threads
 (``os.preadv``: the copy out of the page cache runs outside the GIL), and copy each filled
 buffer to the device on a dedicated CUDA stream while the threads fill the next ones (each copy
-and its two timing events queued through the CUDA driver with the GIL held, ``core.cuda_copy``).
-A reader hashes what it reads a piece at a time (``_HASH_PIECE``), right after reading it, into
-its block's XXH3-128 hasher, in file order per block (chunks go round robin over the blocks, so
-several blocks hash at once; a chunk's first hash waits for the block's previous chunk), and a
-block whose digest differs from the file's is an ``FxCacheError`` before anything is
-registered: the bytes verified are the bytes uploaded (header, timestamps and trailer are
-verified on open). A buffer is refilled only after its last copy has completed, so host memory
-is bounded by the pool (``io_threads + 2`` buffers of ``staging_bytes``) whatever the file size.
+and its two timing events queued through the CUDA driver with the GIL held, ``core.cuda_copy``). Each
+chunk is also fed, in file order per block, to that block's XXH3-128 hasher on a second thread
+pool (chunks go round robin over the blocks, so several blocks hash at once), and a block whose
+digest differs from the file's is an ``FxCacheError`` before anything is registered: the bytes
+verified are the bytes uploaded (header, timestamps and trailer are verified on open). A
+buffer is refilled only after its last copy and its hash have completed, so host memory is
+bounded by the pool (``io_threads + 2`` buffers of ``staging_bytes``) whatever the file size.
 The value checks (finite values) and the price checks (finite, positive, on the tick grid, not
 coarser than the tick) run on the device and are read back with one host sync per call.
 
@@ -89,9 +88,6 @@ ROW_UNIT_PRICE: dict[str, str] = {"bar": CLOSE_COLUMN, "snapshot": MID_COLUMN}
 SEGMENT_COLUMN = "contract"  # price column whose changes are contract rolls
 TICK_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")  # trade prices: on the tick grid
 TICK_TOLERANCE = 1e-6  # |p / tick - round(p / tick)| allowed, in ticks
-# Bytes read and hashed at a time within a staging chunk: well inside a core's L2 (1-2 MiB on
-# current x86 servers), so the hash reads what the read has just written, not host memory.
-_HASH_PIECE = 512 << 10
 
 ValueDtype = Literal["float32", "bfloat16"]  # also the name of the torch dtype
 
@@ -835,12 +831,7 @@ class DeviceStore:
         bufs = self._staging_pool(n_buf, chunk_bytes)
         host_views = [b.numpy() for b in bufs]
         done: list[Any] = [None] * n_buf  # event of the last copy out of each buffer
-        previous: list[int] = []  # each chunk's predecessor in its block (-1: the block's first)
-        last_of: dict[int, int] = {}
-        for ci, (_, r, _, _) in enumerate(chunks):
-            previous.append(last_of.get(id(r), -1))
-            last_of[id(r)] = ci
-        reads: list[Any] = []  # every chunk's read (and hash) future, in chunk order
+        hashed: list[Any] = [None] * n_buf  # hash of the last chunk read into each buffer
         for _, r in regions:
             r.hasher = checksum.new_hasher()
         fds: dict[Path, int] = {}
@@ -859,46 +850,49 @@ class DeviceStore:
                 return fds[path]
 
         def read(ci: int, b: int) -> int:
-            # the chunk goes into its buffer a piece at a time, and each piece is hashed right
-            # after its read, while it is still in this core's cache: the hash costs no second
-            # pass over host memory beside the other reads and the device's copies. A block is
-            # hashed in file order: this chunk's first piece waits until the block's previous
-            # chunk (submitted earlier, so running or done) has hashed all of its own.
             sp, r, i, j = chunks[ci]
-            ev = done[b]
+            ev, hf = done[b], hashed[b]
             if ev is not None:
                 ev.synchronize()  # the device has finished reading this buffer
+            if hf is not None:
+                hf.result()  # and so has the hasher
             nbytes = (j - i) * r.rowbytes
             mv = host_views[b].data[:nbytes]
             fd, off, got = fd_of(sp.path), r.offset + i * r.rowbytes, 0
-            before = previous[ci]
             while got < nbytes:
-                k = os.preadv(fd, [mv[got : min(got + _HASH_PIECE, nbytes)]], off + got)
+                k = os.preadv(fd, [mv[got:]], off + got)
                 if k <= 0:
                     raise FxDataError(f"{sp.key} ({sp.path}): block truncated at byte {off + got}")
-                if before >= 0:
-                    reads[before].result()
-                    before = -1
-                r.hasher.update(mv[got : got + k])
                 got += k
             return nbytes
 
+        def digest(r: _Region, b: int, nbytes: int, before: Any) -> None:
+            # a region's chunks are hashed in file order (each task waits for the one before;
+            # tasks start in submission order, so that one is running or done)
+            if before is not None:
+                before.result()
+            r.hasher.update(host_views[b].data[:nbytes])
+
         timings: list[tuple[Any, Any, int]] = []
+        last_hash: dict[int, Any] = {}
         # the copies and their timing events go through the driver with the GIL held
         # (core/cuda_copy.py says why); torch's calls where the driver API is not at hand
         use_driver = cuda and TimedCopies.available(stream.device.index)
         timed = TimedCopies(stream.cuda_stream) if use_driver else None
         try:
-            with ThreadPoolExecutor(max_workers=n_threads) as ex:
-                for ci in range(n_buf):  # submitted in chunk order: a read waits only on earlier ones
-                    reads.append(ex.submit(read, ci, ci))
+            with (
+                ThreadPoolExecutor(max_workers=n_threads) as ex,
+                ThreadPoolExecutor(max_workers=n_threads) as hx,
+            ):
+                futs = {ci: ex.submit(read, ci, ci % n_buf) for ci in range(n_buf)}
                 for ci, (_sp, r, i, j) in enumerate(chunks):
                     b = ci % n_buf
-                    nbytes = reads[ci].result()
+                    nbytes = futs.pop(ci).result()
+                    hashed[b] = last_hash[id(r)] = hx.submit(digest, r, b, nbytes, last_hash.get(id(r)))
                     src = bufs[b][:nbytes]
                     # every view and event is made before ev0 is recorded: each torch call
-                    # releases the GIL and may wait to get it back from the reader threads, and
-                    # that wait would sit inside the timed copy
+                    # releases the GIL and may wait to get it back from the reader and hasher
+                    # threads, and that wait would sit inside the timed copy
                     if r.direct:
                         dst = r.dest.view(-1).view(torch.uint8)[i * r.rowbytes : j * r.rowbytes]
                     else:
@@ -927,7 +921,9 @@ class DeviceStore:
                         done[b] = ev1
                     nxt = ci + n_buf
                     if nxt < len(chunks):
-                        reads.append(ex.submit(read, nxt, b))
+                        futs[nxt] = ex.submit(read, nxt, b)
+                for hf in last_hash.values():
+                    hf.result()
             if cuda:
                 torch.cuda.current_stream(self._device).wait_stream(stream)
                 stream.synchronize()  # the pinned pool may be refilled by the next call

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fx_assets.core import calendar, checksum, device_store, fxcache, labels
+from fx_assets.core import calendar, checksum, fxcache, labels
 from fx_assets.core.device_store import DeviceStore
 from fx_assets.core.errors import FxCacheError, FxDataError
 from fx_assets.core.folds import FoldConfig, fold_range
@@ -264,15 +264,9 @@ def _reseal(path: Path) -> None:
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
 @pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("piece", [None, 37])
-def test_add_fxcaches_equals_add_quarter(
-    tmp_path: Path, dtype: str, store_dtype: str, piece: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_add_fxcaches_equals_add_quarter(tmp_path: Path, dtype: str, store_dtype: str) -> None:
     """The threaded fxcache fast path stores exactly what add_quarter stores from the memmaps,
-    and the prices are the file's exact f64 prices at every value dtype; also when each chunk
-    is read and hashed in many pieces of a size that divides nothing (``piece``)."""
-    if piece is not None:
-        monkeypatch.setattr(device_store, "_HASH_PIECE", piece)
+    and the prices are the file's exact f64 prices at every value dtype."""
     items, ref = [], DeviceStore(device="cpu", value_dtype=store_dtype, chunk_rows=333)  # type: ignore[arg-type]
     closes = []
     for i in range(3):
@@ -357,15 +351,10 @@ def test_add_fxcache_checks_values_and_prices(tmp_path: Path) -> None:
         ),
     ],
 )
-@pytest.mark.parametrize("piece", [None, 37])
-def test_a_changed_byte_in_any_chunk_fails_the_threaded_upload(
-    tmp_path: Path, device: str, piece: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Chunks of one block are read and hashed by different threads, in pieces (``piece``),
-    and copied while other chunks are read: a changed byte in any chunk of any file, first,
-    middle or last, still fails the call, and nothing is registered."""
-    if piece is not None:
-        monkeypatch.setattr(device_store, "_HASH_PIECE", piece)
+def test_a_changed_byte_in_any_chunk_fails_the_threaded_upload(tmp_path: Path, device: str) -> None:
+    """Chunks are copied before their hash completes (the hash overlaps the copy): a changed
+    byte in any chunk of any file, first, middle or last, still fails the call, and nothing
+    is registered."""
     paths = [_write_cache(tmp_path / f"q{i}.fxcache", *_quarter(i), "f32") for i in range(3)]
     h = fxcache.read_header(paths[1])
     row = h.row_width * 4
