@@ -62,7 +62,7 @@ TICK = 0.25
 TARGETS = {
     "load_end_to_end_GBps": (">=", 10.0),
     # issue 10: the host->device leg >= 50 GB/s against the ~55 GB/s pinned-copy floor (files
-    # written before 2026-12-03 19:00 recorded a bound of 40)
+    # written before this change recorded a bound of 40)
     "load_h2d_leg_GBps": (">=", 50.0),
     "fold_transition_ms": ("<=", 2.0),
     "fold_switch_after_idle_ms": ("<=", 2.0),
