@@ -5,7 +5,9 @@ that evaluates them (``fx_automation``, RUNNING by default).
   window): requested when a dependency's data version changed (a re-observed raw file with new
   content, a rebuilt upstream stage) or the asset's code version changed, never while a
   dependency partition is missing (an unobserved raw partition counts as missing: a quarter
-  without both stable files is never requested) or in progress.
+  without both stable files is never requested) or in progress. A dependency update between
+  the tick that requested a partition and the next one is not reset with the request
+  (``HANDLED``): a step that failed because its raw files changed under it runs again.
 - ``fold_ranges`` / ``trained_model``: ``EAGER_ALL`` — a fold is retrained when any fxcache
   quarter of its window has a new materialization, once every quarter of the window exists.
 - ``walk_forward_report``: ``REPORT`` — refreshed after any fold changed, once no fold, and no
@@ -49,7 +51,18 @@ BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
     AC.any_checks_match(~(AC.check_passed() | AC.will_be_requested()), blocking_only=True)
 ).with_label("all_dep_partitions_passed_blocking_checks")
 
-EAGER = AC.eager().without(AC.in_latest_time_window())
+#: When an eager asset's trigger resets: Dagster's ``handled`` (requested, updated, or the first
+#: evaluation), except that the tick after a request does not reset when a dependency updated
+#: since that request. Without the exception, a dependency update that lands between the tick
+#: that requested a partition and the next one was swallowed with the request: a stage whose
+#: raw files changed while it ran failed (``StageIO.check_current``), the new files'
+#: observation landed before the next tick, and the partition waited for a user. A dependency
+#: update by a run that also targeted the asset is not an update here (``any_deps_updated``
+#: ignores those), so a step failing after an upstream step of its own run is not retried.
+HANDLED = (
+    (AC.newly_requested() & ~AC.any_deps_updated()) | AC.newly_updated() | AC.initial_evaluation()
+).with_label("handled_unless_a_dep_updated_since_the_request")
+EAGER = AC.eager().without(AC.in_latest_time_window()).replace("handled", HANDLED)
 EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
 CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
     BLOCKING_CHECKS_PASSED

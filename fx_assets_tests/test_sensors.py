@@ -310,3 +310,32 @@ def test_a_fold_that_lands_while_the_report_runs_is_reported_after_it(tmp_path: 
         for _ in range(2):
             r, req = tick(inst, r.cursor)
             assert req == {}, req
+
+
+def test_a_step_that_failed_on_sources_changed_under_it_is_requested_again(tmp_path: Path) -> None:
+    """A stage requested on one tick reads raw files that change while it runs: it fails
+    (``StageIO.check_current``) and records nothing. The new files' observation lands before
+    the next tick; the partition must be requested again once its run has ended, not wait for
+    a user."""
+    auto = Automation(tmp_path)
+    tick = auto.tick
+    with dg.instance_for_test() as inst:
+        r = auto.up_to_date(inst)
+        observe(inst, {KEYS[3]: "v2"})  # new files for the last quarter
+        r, req = tick(inst, r.cursor)
+        assert req.get("predecoded_trades") == {KEYS[3]}, req  # (with the stages after it)
+        run = auto.started_run(inst, "predecoded_trades", KEYS[3])
+        observe(inst, {KEYS[3]: "v3"})  # changed again while the step runs, observed at once
+        r, req = tick(inst, r.cursor)
+        assert "predecoded_trades" not in req, req  # its run is in progress
+        inst.report_run_failed(run)  # the step failed: its sources changed under it
+        r, req = tick(inst, r.cursor)
+        assert req.get("predecoded_trades") == {KEYS[3]}, req
+        # requested once: when it and what follows it have landed, automation comes to rest
+        for _ in range(8):
+            materialize(inst, req)
+            r, req = tick(inst, r.cursor)
+            assert "predecoded_trades" not in req, req
+            if not req:
+                break
+        assert req == {}, req
