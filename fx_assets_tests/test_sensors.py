@@ -339,3 +339,25 @@ def test_a_step_that_failed_on_sources_changed_under_it_is_requested_again(tmp_p
             if not req:
                 break
         assert req == {}, req
+
+
+def test_a_fold_whose_quarter_was_rebuilt_while_it_trained_is_trained_again(tmp_path: Path) -> None:
+    """The same for a fold: the sensor requests it, a user's run rebuilds an fxcache quarter of
+    its window before the next tick, the fold fails (``ResidentQuarters.changed_since_loaded``)
+    and is requested again once its run has ended."""
+    auto = Automation(tmp_path)
+    tick = auto.tick
+    with dg.instance_for_test() as inst:
+        r = auto.up_to_date(inst)
+        materialize(inst, {"fxcache": {KEYS[2]}})  # (a rebuilt quarter: its folds retrain)
+        r, req = tick(inst, r.cursor)
+        assert req.get("trained_model") == {KEYS[2], KEYS[3]}, req
+        runs = [auto.started_run(inst, "trained_model", k) for k in (KEYS[2], KEYS[3])]
+        materialize(inst, {"fxcache": {KEYS[3]}})  # a user's run, while the folds train
+        r, req = tick(inst, r.cursor)
+        assert "trained_model" not in req, req
+        inst.report_run_failed(runs[1])  # the fold of KEYS[2..3] read a quarter that changed
+        materialize(inst, {"trained_model": {KEYS[2]}})  # the other one landed
+        inst.report_run_failed(runs[0])
+        r, req = tick(inst, r.cursor)
+        assert req.get("trained_model") == {KEYS[3]}, req
