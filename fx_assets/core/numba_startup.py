@@ -14,7 +14,7 @@ kernel of fx_assets uses BLAS.
 probe runs: an ImportError, cheap); numba's real ``ensure_blas`` is put back in both modules as
 soon as that import ends, so a kernel that does compile ``np.dot`` runs numba's full check
 (scipy's BLAS integer width included) then, and imports scipy then. If numba's layout is not
-the one this was written against (numba 0.60-0.68), the hook steps aside and numba probes as
+the one this was written against (checked with numba 0.68), the hook steps aside and numba probes as
 usual.
 """
 
