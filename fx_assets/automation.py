@@ -51,6 +51,11 @@ BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
     AC.any_checks_match(~(AC.check_passed() | AC.will_be_requested()), blocking_only=True)
 ).with_label("all_dep_partitions_passed_blocking_checks")
 
+#: A request on a tick that sees no dependency update since the previous one: the reset of both
+#: ``HANDLED`` and ``FOLD_UPDATE_UNREPORTED``.
+REQUESTED_WITHOUT_DEP_UPDATE = (AC.newly_requested() & ~AC.any_deps_updated()).with_label(
+    "requested_with_no_dep_update_since"
+)
 #: When an eager asset's trigger resets: Dagster's ``handled`` (requested, updated, or the first
 #: evaluation), except that the tick after a request does not reset when a dependency updated
 #: since that request. Without the exception, a dependency update that lands between the tick
@@ -59,9 +64,9 @@ BLOCKING_CHECKS_PASSED = ~AC.any_deps_match(
 #: observation landed before the next tick, and the partition waited for a user. A dependency
 #: update by a run that also targeted the asset is not an update here (``any_deps_updated``
 #: ignores those), so a step failing after an upstream step of its own run is not retried.
-HANDLED = (
-    (AC.newly_requested() & ~AC.any_deps_updated()) | AC.newly_updated() | AC.initial_evaluation()
-).with_label("handled_unless_a_dep_updated_since_the_request")
+HANDLED = (REQUESTED_WITHOUT_DEP_UPDATE | AC.newly_updated() | AC.initial_evaluation()).with_label(
+    "handled_unless_a_dep_updated_since_the_request"
+)
 EAGER = AC.eager().without(AC.in_latest_time_window()).replace("handled", HANDLED)
 EAGER_ALL = EAGER & BLOCKING_CHECKS_PASSED
 CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_version_changed()) & (
@@ -76,7 +81,7 @@ CHAIN = EAGER.replace("any_deps_updated", AC.any_deps_updated() | AC.code_versio
 #: sensor when a fold changed since the sensor last requested one.
 FOLD_UPDATE_UNREPORTED = (
     AC.any_deps_updated()
-    .since((AC.newly_requested() & ~AC.any_deps_updated()) | AC.initial_evaluation())
+    .since(REQUESTED_WITHOUT_DEP_UPDATE | AC.initial_evaluation())
     .with_label("a_fold_updated_after_the_last_report_request")
 )
 REPORT = (

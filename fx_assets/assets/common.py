@@ -63,6 +63,17 @@ def step_partition(context: dg.AssetExecutionContext) -> QuarterSymbol:
     return context_partition(context)
 
 
+def name_now(resolve: Callable[[], Path]) -> str:
+    """The name of the file ``resolve`` gives for the sources as they are now, or why there is
+    none (e.g. the new sources' inputs are not built yet): what a step compares with the file
+    it built before recording it (:meth:`StageIO.check_current`, the fold ranges, a fold's
+    quarters)."""
+    try:
+        return resolve().name
+    except (dg.Failure, FxDataError) as exc:
+        return str(exc)
+
+
 class StageIO:
     """Paths and keys of one (quarter, symbol) partition's stage files."""
 
@@ -180,10 +191,7 @@ class StageIO:
     def current_name(self, stage: str) -> str:
         """The name of this partition's ``stage`` file for the sources as they are now (read
         afresh, not from this object's cache), or why there is none."""
-        try:
-            return StageIO(self.storage, self.pipeline, self.part).path(stage).name
-        except (dg.Failure, FxDataError) as exc:  # e.g. the new sources' inputs are not built
-            return str(exc)
+        return name_now(lambda: StageIO(self.storage, self.pipeline, self.part).path(stage))
 
     def check_current(self, stage: str) -> None:
         """A Failure if this partition's ``stage`` file for the sources as they are now is not

@@ -15,12 +15,13 @@ import base64
 import io
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import numpy as np
 
-from fx_assets.assets.common import StageIO, load_build_metadata, save_build_metadata
+from fx_assets.assets.common import StageIO, load_build_metadata, name_now, save_build_metadata
 from fx_assets.automation import EAGER_ALL, REPORT
 from fx_assets.core import lineage
 from fx_assets.core import metrics as M
@@ -166,12 +167,13 @@ def make_training_assets(training_partitions, fxcache, window_mapping, train_qua
                 raise dg.Failure(f"{part.label}: {exc}") from exc
             labels = [p.quarter_label for p in parts]
             atomic_write_text(out, _fold_range_to_json(fr, keys, labels))
+
             # as StageIO.check_current: ranges of sources that changed while this step ran,
             # recorded, would stand as up to date (the file stays, named by its own inputs)
-            try:
-                now = fold_file(storage, pipeline, training, part, n_train)[3].name
-            except dg.Failure as exc:
-                now = str(exc)
+            def ranges_now(p: QuarterSymbol = part) -> Path:
+                return fold_file(storage, pipeline, training, p, n_train)[3]
+
+            now = name_now(ranges_now)
             if now != out.name:
                 raise dg.Failure(
                     f"{part.label}: the raw data of its quarters changed while its fold ranges were "
